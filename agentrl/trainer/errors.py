@@ -1,0 +1,42 @@
+"""Trainer errors: what can go wrong in rollout, training, weight sync and checkpoints.
+
+::
+
+    AgentRLError
+    ├── ConfigError                (agentrl.errors) bad option / flag / TOML key, raised before heavy work
+    └── TrainerError               any trainer failure below
+        ├── RolloutError           a group could not be completed (infra retries exhausted)
+        ├── BackendError           the training backend failed (bad batch, distributed setup, deadline)
+        ├── WeightSyncError        pushing weights to the engine failed; the version was not bumped
+        └── CheckpointError        a checkpoint is missing, incomplete or does not match the run
+
+A failure inside one episode is not an exception: it is recorded on the
+:class:`~agentrl.types.Trajectory` (``status``/``error``) and counted in metrics.
+Only when a whole group cannot be completed after retries does :class:`RolloutError` surface.
+"""
+
+from __future__ import annotations
+
+from agentrl.errors import AgentRLError
+
+__all__ = ["BackendError", "CheckpointError", "RolloutError", "TrainerError", "WeightSyncError"]
+
+
+class TrainerError(AgentRLError):
+    """Base class of every trainer failure."""
+
+
+class RolloutError(TrainerError):
+    """A group of episodes could not be completed (infrastructure retries exhausted)."""
+
+
+class BackendError(TrainerError):
+    """The training backend failed: a malformed batch, distributed setup, or a collective deadline."""
+
+
+class WeightSyncError(TrainerError):
+    """Weights could not be pushed to the engine; the policy version was left unchanged."""
+
+
+class CheckpointError(TrainerError):
+    """A checkpoint is missing, incomplete, or was written by an incompatible run."""

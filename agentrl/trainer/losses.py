@@ -1,0 +1,186 @@
+"""Policy and value losses: tensors in, a scalar loss and detached statistics out.
+
+Shapes: per-token tensors are ``(B, T)``; ``mask`` is 1 on sampled tokens only.
+``logp`` carries gradients; ``old_logp`` (the behaviour policy, from the engine
+or a recompute), ``ref_logp`` and ``advantages`` do not.
+
+- PPO clip (Schulman et al. 2017, eq. 7) with asymmetric "clip-higher" bounds
+  ``[1 - clip_low, 1 + clip_high]`` (DAPO, Yu et al. 2025) and dual clip
+  (Ye et al. 2020, eq. 5): for ``A < 0`` the loss is bounded by ``-c A``.
+- GSPO (Zheng et al. 2025): the importance ratio is the geometric mean over the
+  sequence, ``s_i = exp(mean_t(logp - old_logp))``, clipped per sequence; the
+  gradient flows per token through ``sg(s_i) * exp(logp - sg(logp))``.
+- CISPO (MiniMax-M1, 2025): ``-sg(clip(r, 1 - low, 1 + high)) * A * logp``; every
+  token keeps a gradient, only its weight is clipped.
+- KL to the reference model (Schulman's estimators): k1 ``log r``, k2 ``(log r)^2 / 2``,
+  k3 ``r' - log r' - 1`` with ``r' = p_ref / p``.
+- Aggregation: ``token-mean`` (sum over all tokens / token count), ``seq-mean-token-mean``
+  (per-sequence mean, then mean), ``seq-mean-token-sum`` (per-sequence sum, then mean).
+  ``num_tokens``/``num_seqs`` override the denominators so that micro-batches and
+  ranks add up to exactly the full-batch loss.
+- DAPO dynamic sampling (drop constant-reward groups) and overlong reward shaping.
+- PPO value loss with clipping (as in OpenAI baselines' ppo2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "LossOut",
+    "aggregate",
+    "dynamic_sampling_keep",
+    "entropy_from_logits",
+    "kl_penalty",
+    "overlong_penalty",
+    "policy_loss",
+    "value_loss",
+]
+
+
+@dataclass
+class LossOut:
+    loss: torch.Tensor
+    stats: dict[str, float]
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> torch.Tensor:
+    """Reduce a ``(B, T)`` per-token loss to a scalar (see the module docstring for modes)."""
+    m = mask.to(per_token.dtype)
+    if mode == "token-mean":
+        denom = num_tokens if num_tokens is not None else m.sum().clamp(min=1.0)
+        return (per_token * m).sum() / denom
+    seq_tok = m.sum(-1)
+    n_seq = num_seqs if num_seqs is not None else max(per_token.shape[0], 1)
+    if mode == "seq-mean-token-mean":
+        return ((per_token * m).sum(-1) / seq_tok.clamp(min=1.0)).sum() / n_seq
+    if mode == "seq-mean-token-sum":
+        return (per_token * m).sum(-1).sum() / n_seq
+    raise ValueError(f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+
+
+def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:
+    return float((x * m).sum() / m.sum().clamp(min=1.0))
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    kind: str = "ppo",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float = 0.0,
+    agg: str = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> LossOut:
+    """The clipped surrogate of ``kind`` (ppo | gspo | cispo); ``advantages`` is ``(B, T)``."""
+    m = mask.to(logp.dtype)
+    old_logp = old_logp.detach()
+    advantages = advantages.detach()
+    log_ratio = (logp - old_logp) * m
+    if kind == "ppo":
+        ratio = torch.exp(log_ratio)
+        pg1 = -advantages * ratio
+        pg2 = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+        per_tok = torch.maximum(pg1, pg2)
+        clipped = (pg2 > pg1).to(logp.dtype)
+        if dual_clip:
+            bound = -advantages * dual_clip
+            per_tok = torch.where(advantages < 0, torch.minimum(per_tok, bound), per_tok)
+    elif kind == "gspo":
+        seq_log_ratio = log_ratio.sum(-1) / m.sum(-1).clamp(min=1.0)
+        token_log_ratio = seq_log_ratio.detach()[:, None] + logp - logp.detach()
+        ratio = torch.exp(token_log_ratio)
+        pg1 = -advantages * ratio
+        pg2 = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+        per_tok = torch.maximum(pg1, pg2)
+        clipped = (pg2 > pg1).to(logp.dtype)
+    elif kind == "cispo":
+        ratio = torch.exp(log_ratio)
+        weight = ratio.clamp(1 - clip_low, 1 + clip_high).detach()
+        per_tok = -weight * advantages * logp
+        clipped = (weight != ratio.detach()).to(logp.dtype)
+    else:
+        raise ValueError(f"unknown policy loss {kind!r}; use ppo, gspo or cispo")
+    loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": _masked_mean(clipped, m),
+            "approx_kl": _masked_mean(0.5 * log_ratio**2, m),
+            "ratio_mean": _masked_mean(torch.exp(log_ratio), m),
+        }
+    return LossOut(loss, stats)
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimate from samples of pi."""
+    log_r = logp - ref_logp.detach()
+    if estimator == "k1":
+        return log_r
+    if estimator == "k2":
+        return 0.5 * log_r**2
+    if estimator == "k3":
+        neg = -log_r.clamp(-20, 20)
+        return torch.exp(neg) - neg - 1
+    raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy of the softmax over the last dimension."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float = 0.2,
+    agg: str = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+) -> LossOut:
+    """``0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)``, aggregated."""
+    old_values, returns = old_values.detach(), returns.detach()
+    v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+    l1 = (values - returns) ** 2
+    l2 = (v_clipped - returns) ** 2
+    per_tok = 0.5 * torch.maximum(l1, l2)
+    m = mask.to(values.dtype)
+    loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    return LossOut(loss, {"vf_clip_frac": _masked_mean((l2 > l1).to(values.dtype), m)})
+
+
+def dynamic_sampling_keep(rewards: torch.Tensor, group_ids: torch.Tensor, tol: float = 1e-8) -> torch.Tensor:
+    """DAPO dynamic sampling: a bool mask ``(N,)`` keeping episodes of groups with non-constant reward."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n = int(inv.max()) + 1 if inv.numel() else 0
+    big = torch.finfo(torch.float64).max
+    r = rewards.double()
+    lo = torch.full((n,), big, dtype=torch.float64).scatter_reduce(0, inv, r, "amin")
+    hi = torch.full((n,), -big, dtype=torch.float64).scatter_reduce(0, inv, r, "amax")
+    return (hi - lo > tol)[inv]
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
+    """DAPO soft overlong punishment (eq. 13): 0 up to ``max_len - buffer``, then linear down to ``-penalty``."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    start = max_len - buffer
+    over = (lengths.float() - start).clamp(min=0.0)
+    return -(over / buffer).clamp(max=1.0) * penalty

@@ -1,0 +1,84 @@
+"""Config: flags and TOML generated from the dataclasses; bad values fail early naming the field."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from agentrl.errors import ConfigError
+from agentrl.trainer import config as C
+
+
+def _parse(argv: list[str]) -> C.TrainConfig:
+    p = argparse.ArgumentParser()
+    C.add_cli_flags(p)
+    return C.resolve(p.parse_args(argv))
+
+
+def test_every_field_has_a_flag_and_help():
+    p = argparse.ArgumentParser()
+    C.add_cli_flags(p)
+    text = p.format_help()
+    for _, cls in C.SECTIONS:
+        helps = C.field_help(cls)
+        for f in C.fields(cls):
+            assert "--" + f.name.replace("_", "-") in text
+            assert helps.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+
+
+def test_flags_override_toml_override_defaults(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[rollout]\ngroup_size = 4\nenv_kwargs = { max_number = 9 }\n[optim]\nlr = 0.01\n')
+    p = argparse.ArgumentParser()
+    C.add_cli_flags(p)
+    cfg = C.resolve(p.parse_args(["--config", str(path), "--lr", "0.5", "--no-tensorboard"]))
+    assert cfg.rollout.group_size == 4 and cfg.rollout.env_kwargs == {"max_number": 9}
+    assert cfg.optim.lr == 0.5 and cfg.run.tensorboard is False
+    assert cfg.rollout.tasks_per_step == C.RolloutConfig().tasks_per_step
+
+
+def test_resolved_config_round_trips_through_toml(tmp_path):
+    cfg = _parse(["--group-size", "3", "--env-kwargs", '{"a": [1, 2]}', "--algo", "grpo", "--dual-clip", "3"])
+    path = tmp_path / "config.toml"
+    path.write_text(C.to_toml(cfg))
+    assert C.resolve(toml=path) == cfg
+
+
+def test_unknown_toml_key_is_named_with_suggestion(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[rollout]\ngroup_sise = 4\n")
+    with pytest.raises(ConfigError, match="unknown key 'group_sise'.*did you mean 'group_size'"):
+        C.resolve(toml=path)
+    path.write_text("[rolout]\n")
+    with pytest.raises(ConfigError, match="unknown key 'rolout'.*'rollout'"):
+        C.resolve(toml=path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"group_size": 1}, r"rollout\.group_size=1: grpo needs a group of at least 2"),
+        ({"num_minibatches": 3}, r"algo\.num_minibatches=3: .*8\*8 = 64 episodes does not split"),
+        ({"lr": -1.0}, r"optim\.lr=-1\.0"),
+        ({"dual_clip": 0.5}, r"algo\.dual_clip=0\.5"),
+        ({"advantage": "gae"}, r"algo\.advantage='gae': GAE needs a critic"),
+        ({"policy_loss": "nope"}, r"algo\.policy_loss='nope': choose one of"),
+        ({"group_size": "8"}, r"rollout\.group_size: expected int"),
+        ({"grup_size": 8}, r"unknown key 'grup_size'.*group_size"),
+    ],
+)
+def test_bad_values_fail_naming_the_field(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        C.resolve(**overrides)
+
+
+def test_bad_flag_value_is_a_config_error():
+    with pytest.raises(ConfigError, match="rollout.env_kwargs: expected a JSON object"):
+        _parse(["--env-kwargs", "{not json"])
+
+
+def test_ppo_defaults_to_gae():
+    cfg = C.resolve(algo="ppo")
+    assert cfg.algo.advantage_kind == "gae"
+    assert C.resolve().algo.advantage_kind == "grpo"
