@@ -1,0 +1,109 @@
+"""Errors raised by agentrl.envs: registry, env contract, checker, env server and client.
+
+::
+
+    AgentRLError
+    └── EnvError
+        ├── UnknownEnvError (KeyError)       no env registered under that id (message has a did-you-mean)
+        ├── RegistrationError (ValueError)   a bad id or entry point passed to ``register``
+        ├── EnvContractError                 an env broke the contract at run time (bad return type, NaN reward)
+        ├── ResetNeededError (RuntimeError)  ``step`` before ``reset``
+        ├── EpisodeDoneError (RuntimeError)  ``step`` after the episode terminated or was truncated
+        ├── InvalidActionError (ValueError)  the action is not an assistant ``Message``
+        ├── ToolError                        raised inside a ``@tool`` to send an error message to the model
+        ├── EnvCheckError (AssertionError)   ``check_env`` found a violation (message names check, cause, fix)
+        └── RemoteEnvError                   the env server client failed
+            ├── EnvConnectionError           could not connect / connection dropped (safe to retry a create)
+            ├── EnvTimeoutError              connect or read deadline passed, or the server's step deadline
+            └── EnvServerError               the server answered 4xx/5xx; ``status`` and ``detail`` kept
+                └── ServerBusyError          429/503: the live-episode cap is reached
+
+Model mistakes (a malformed tool call, an unparsable answer) are *not* exceptions:
+they become messages to the model and are counted in ``info``. Exceptions here are
+for callers and env authors.
+"""
+
+from __future__ import annotations
+
+from agentrl.errors import AgentRLError
+
+__all__ = [
+    "EnvCheckError",
+    "EnvConnectionError",
+    "EnvContractError",
+    "EnvError",
+    "EnvServerError",
+    "EnvTimeoutError",
+    "EpisodeDoneError",
+    "InvalidActionError",
+    "RegistrationError",
+    "RemoteEnvError",
+    "ResetNeededError",
+    "ServerBusyError",
+    "ToolError",
+    "UnknownEnvError",
+]
+
+
+class EnvError(AgentRLError):
+    """Base class of every error raised by agentrl.envs."""
+
+
+class UnknownEnvError(EnvError, KeyError):
+    """No environment is registered under the requested id."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class RegistrationError(EnvError, ValueError):
+    """``register`` got a malformed id, a clashing id or an unusable entry point."""
+
+
+class EnvContractError(EnvError):
+    """An environment returned something the contract forbids (wrong type, non-finite reward)."""
+
+
+class ResetNeededError(EnvError, RuntimeError):
+    """``step`` was called before the first ``reset``."""
+
+
+class EpisodeDoneError(EnvError, RuntimeError):
+    """``step`` was called after the episode terminated or was truncated."""
+
+
+class InvalidActionError(EnvError, ValueError):
+    """The action passed to ``step`` is not an assistant message."""
+
+
+class ToolError(EnvError):
+    """Raise inside a ``@tool`` method: the message goes back to the model as a tool error."""
+
+
+class EnvCheckError(EnvError, AssertionError):
+    """``check_env`` found a contract violation."""
+
+
+class RemoteEnvError(EnvError):
+    """A call to an env server failed."""
+
+
+class EnvConnectionError(RemoteEnvError):
+    """The env server could not be reached, or the connection dropped."""
+
+
+class EnvTimeoutError(RemoteEnvError):
+    """A deadline passed: the client's connect/read deadline or the server's per-step deadline."""
+
+
+class EnvServerError(RemoteEnvError):
+    """The env server answered with an error status."""
+
+    def __init__(self, message: str, *, status: int, detail: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+
+
+class ServerBusyError(EnvServerError):
+    """The env server refused a new episode because its live-episode cap is reached (429/503)."""
