@@ -105,7 +105,7 @@ def parse_answer(text: str) -> tuple[Fraction, list[int]] | str:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             used.append(node.value)
             return Fraction(node.value)
-        raise ValueError(type(node).__name__)
+        raise ValueError(type(node.op if isinstance(node, (ast.BinOp, ast.UnaryOp)) else node).__name__)
 
     try:
         return ev(tree.body), used
