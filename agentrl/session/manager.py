@@ -1,0 +1,407 @@
+"""The in-process session API: one token ledger per agent episode, driving an Engine.
+
+``SessionManager`` is what the trainer's rollout loop and the HTTP server both use::
+
+    sm = SessionManager(tokenizer, engine)            # family detected from the template
+    sid = sm.create()
+    reply = await sm.chat(sid, messages, tools, SamplingParams(max_new_tokens=64))
+    ...                                               # run tools, append results, call chat again
+    trajectories = sm.trajectories(sid)               # one Trajectory per segment
+    sm.close(sid)
+
+Each ``chat`` call compares the messages with the session's history. If they
+extend it, only the appended messages are tokenized (see
+:mod:`agentrl.session.incremental`) and appended to the ledger as prompt tokens;
+otherwise the history *diverged* (edited, truncated, reordered, tools changed, an
+assistant turn the engine did not produce): a new segment starts from a full
+render, and ``tito/divergences`` counts it. The engine's reply is appended as
+sampled tokens, exactly as sampled, and parsed into the returned message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.engines.protocol import Engine, Generation
+from agentrl.session.errors import (
+    LedgerError,
+    SessionEngineError,
+    SessionRequestError,
+    UnknownSessionError,
+)
+from agentrl.session.families import Family, detect_family, get_family
+from agentrl.session.incremental import IncrementalTokenizer
+from agentrl.session.ledger import Ledger, Segment, Turn
+from agentrl.types import Message, SamplingParams, ToolSpec, Trajectory
+
+__all__ = ["ChatResult", "SessionManager", "same_message"]
+
+
+@dataclass
+class ChatResult:
+    """One turn's outcome: the parsed reply plus what the ledger recorded for it."""
+
+    message: Message
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    output_ids: list[int]
+    logprobs: list[float]
+    segment: int
+    diverged: str | None = None
+    """Why this turn started a new segment (``None`` when it extended the ledger)."""
+    parse_failed: bool = False
+
+
+@dataclass
+class _Session:
+    ledger: Ledger
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    created: float = field(default_factory=time.time)
+    turns: int = 0
+
+
+def _norm(s: str | None) -> str:
+    return (s or "").strip()
+
+
+def _calls_key(m: Message) -> list[tuple[str, Any]]:
+    out = []
+    for c in m.tool_calls or []:
+        try:
+            args: Any = json.loads(c.function.arguments)
+        except json.JSONDecodeError:
+            args = c.function.arguments
+        out.append((c.function.name, args))
+    return out
+
+
+def same_message(stored: Message, sent: Message) -> bool:
+    """Whether the agent's copy of a message matches the ledger's.
+
+    Assistant turns compare role, stripped content, tool-call names and JSON-equal
+    arguments, and reasoning only if the agent sent it back (agents often drop it;
+    the ledger keeps the model's own tokens either way). Other messages must be equal.
+    """
+    if stored.role != sent.role:
+        return False
+    if stored.role == "assistant":
+        if _norm(stored.content) != _norm(sent.content) or _calls_key(stored) != _calls_key(sent):
+            return False
+        return sent.reasoning_content is None or _norm(sent.reasoning_content) == _norm(stored.reasoning_content)
+    return (
+        (stored.content or "") == (sent.content or "")
+        and stored.tool_call_id == sent.tool_call_id
+        and stored.name == sent.name
+    )
+
+
+def _tools_key(tools: list[ToolSpec] | None) -> str:
+    return json.dumps([t.model_dump(exclude_none=True) for t in tools or []], sort_keys=True)
+
+
+class SessionManager:
+    """Token-ledger sessions over one tokenizer, one chat-template family and one engine.
+
+    ``family`` is a family name or :class:`Family` (detected from the tokenizer when
+    ``None``). ``engine_timeout_s`` bounds every engine call. Safe to use from many
+    asyncio tasks at once; turns of one session are serialized.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        engine: Engine,
+        family: str | Family | None = None,
+        *,
+        model_name: str | None = None,
+        engine_timeout_s: float = 600.0,
+        max_sessions: int = 100_000,
+    ) -> None:
+        if isinstance(family, str):
+            family = get_family(family)
+        self.family: Family = family or detect_family(tokenizer, model_name)
+        self.tok = IncrementalTokenizer(tokenizer, self.family)
+        self.engine = engine
+        self.model_name = model_name or getattr(tokenizer, "name_or_path", "") or "agentrl"
+        self.engine_timeout_s = engine_timeout_s
+        self.max_sessions = max_sessions
+        self._sessions: dict[str, _Session] = {}
+        self.counters: Counter[str] = Counter()
+        self.timers: dict[str, float] = defaultdict(float)
+
+    # ---------------------------------------------------------------- lifecycle
+    def create(self, session_id: str | None = None) -> str:
+        """Open a session and return its id (a fresh one unless given)."""
+        sid = session_id or uuid.uuid4().hex
+        if sid in self._sessions:
+            raise SessionRequestError(f"session {sid!r} already exists; pick another id or omit it")
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionRequestError(
+                f"{len(self._sessions)} sessions are open (max_sessions={self.max_sessions}); close finished ones"
+            )
+        self._sessions[sid] = _Session(ledger=Ledger(session_id=sid))
+        self.counters["tito/sessions_created"] += 1
+        return sid
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSessionError(
+                f"no session {session_id!r}; create one with POST /sessions (or SessionManager.create())"
+            ) from None
+
+    def close(self, session_id: str) -> list[Trajectory]:
+        """Close the session and return its trajectories."""
+        trajs = self.trajectories(session_id)
+        del self._sessions[session_id]
+        return trajs
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._sessions)
+
+    def ledger(self, session_id: str) -> Ledger:
+        """The session's ledger (read it, do not modify it)."""
+        return self._get(session_id).ledger
+
+    def trajectories(self, session_id: str) -> list[Trajectory]:
+        """One Trajectory per segment with at least one sampled turn."""
+        return self._get(session_id).ledger.trajectories()
+
+    def info(self, session_id: str) -> dict[str, Any]:
+        """A summary of the session for ``GET /sessions/{id}``."""
+        s = self._get(session_id)
+        segs = s.ledger.segments
+        return {
+            "id": session_id,
+            "model": self.model_name,
+            "family": self.family.name,
+            "created": s.created,
+            "num_turns": s.turns,
+            "num_segments": len([g for g in segs if g.turns]),
+            "num_tokens": sum(len(g.token_ids) for g in segs),
+            "num_sampled_tokens": sum(g.num_sampled for g in segs),
+            "divergences": dict(s.ledger.divergences),
+            "messages": [m.model_dump(exclude_none=True) for m in segs[-1].messages] if segs else [],
+        }
+
+    # ---------------------------------------------------------------- tokenize
+    def tokenize(
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of a full render, exactly as a segment's first turn would send them."""
+        return self.tok.prompt_ids(messages, tools, template_kwargs, add_generation_prompt=add_generation_prompt)
+
+    # ---------------------------------------------------------------- turns
+    def _plan(
+        self, seg: Segment | None, msgs: list[Message], tools: list[ToolSpec] | None, kwargs: dict[str, Any]
+    ) -> tuple[list[Message] | None, str | None]:
+        """``(appended, None)`` if ``msgs`` extends the segment, else ``(None, reason)``."""
+        if seg is None or not seg.turns:
+            return None, None
+        if _tools_key(seg.tools) != _tools_key(tools):
+            return None, "tools_changed"
+        if seg.template_kwargs != kwargs:
+            return None, "template_kwargs_changed"
+        n = len(seg.messages)
+        if len(msgs) < n:
+            return None, "truncated"
+        for stored, sent in zip(seg.messages, msgs, strict=False):
+            if not same_message(stored, sent):
+                return None, "edited"
+        appended = msgs[n:]
+        if any(m.role == "assistant" for m in appended):
+            return None, "foreign_assistant"
+        return appended, None
+
+    def _sampling(self, sampling: SamplingParams | None) -> SamplingParams:
+        sp = sampling or SamplingParams.model_validate({})
+        stops = sorted(set(sp.stop_token_ids) | set(self.tok.stop_token_ids))
+        return sp.model_copy(update={"stop_token_ids": stops})
+
+    async def chat(
+        self,
+        session_id: str,
+        messages: list[Message],
+        tools: list[ToolSpec] | None = None,
+        sampling: SamplingParams | None = None,
+        **kwargs: Any,
+    ) -> Message:
+        """Run one assistant turn and return the parsed reply (see :meth:`chat_completion`)."""
+        return (await self.chat_completion(session_id, messages, tools, sampling, **kwargs)).message
+
+    async def chat_completion(
+        self,
+        session_id: str,
+        messages: list[Message],
+        tools: list[ToolSpec] | None = None,
+        sampling: SamplingParams | None = None,
+        *,
+        stop: list[str] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> ChatResult:
+        """Run one assistant turn on ``messages`` (the whole conversation so far).
+
+        ``stop`` strings end the reply at their first occurrence; the ledger keeps
+        the sampled tokens up to the one that completed the stop string. Raises
+        SessionRequestError for bad input, TemplateError when the template cannot be
+        tokenized incrementally, SessionEngineError when the engine fails (nothing
+        is committed then; the turn can be retried).
+        """
+        sess = self._get(session_id)
+        if not messages:
+            raise SessionRequestError("messages is empty; send at least one message")
+        kwargs = {**self.family.template_kwargs, **(template_kwargs or {})}
+        tools = tools or None
+        async with sess.lock:
+            led = sess.ledger
+            seg = led.current
+            t0 = time.perf_counter()
+            appended, reason = self._plan(seg, messages, tools, kwargs)
+            if appended is None or seg is None:
+                prompt_add = self.tok.prompt_ids(messages, tools, kwargs)
+                base: list[int] = []
+            else:
+                last = seg.messages[-1] if seg.messages and seg.messages[-1].role == "assistant" else None
+                if last is None:
+                    raise LedgerError("a segment with turns must end with the assistant reply")
+                prompt_add = self.tok.bridge_ids(last, appended, tools, kwargs, seg.last_stop)
+                base = seg.token_ids
+            self.timers["tito/tokenize_seconds"] += time.perf_counter() - t0
+            input_ids = base + prompt_add
+            gen = await self._generate(session_id, input_ids, self._sampling(sampling))
+            out, lps, vers, finish, last_stop, text = self._cut(gen, stop)
+
+            # commit: nothing above touched the ledger
+            if appended is None or seg is None:
+                if reason is not None:
+                    led.divergences[reason] = led.divergences.get(reason, 0) + 1
+                    self.counters["tito/divergences"] += 1
+                    self.counters[f"tito/divergences/{reason}"] += 1
+                seg = led.new_segment(tools, kwargs)
+            turn_idx = sess.turns
+            parsed = self.tok.parse(
+                out[:-1] if last_stop is not None else out,
+                lambda i: f"call_{session_id[:8]}_{turn_idx}_{i}",
+                text=text,
+            )
+            start_prompt = len(seg.token_ids)
+            seg.append_prompt(prompt_add)
+            start = len(seg.token_ids)
+            seg.append_sampled(out, lps, vers)
+            seg.turns.append(
+                Turn(
+                    prompt_start=start_prompt,
+                    start=start,
+                    end=len(seg.token_ids),
+                    finish_reason=finish,
+                    parse_failed=parsed.parse_failed,
+                )
+            )
+            seg.last_stop = last_stop
+            seg.messages = [*messages, parsed.message]
+            sess.turns += 1
+            self.counters["tito/turns"] += 1
+            self.counters["tito/prompt_tokens_appended"] += len(prompt_add)
+            self.counters["tito/sampled_tokens"] += len(out)
+            if parsed.parse_failed:
+                self.counters["tito/parse_failures"] += 1
+            if parsed.message.tool_calls:
+                self.counters["tito/tool_calls"] += len(parsed.message.tool_calls)
+            return ChatResult(
+                message=parsed.message,
+                finish_reason=finish,
+                prompt_tokens=len(input_ids),
+                completion_tokens=len(out),
+                output_ids=out,
+                logprobs=lps,
+                segment=seg.index,
+                diverged=reason,
+                parse_failed=parsed.parse_failed,
+            )
+
+    async def _generate(self, session_id: str, input_ids: list[int], sampling: SamplingParams) -> Generation:
+        t0 = time.perf_counter()
+        try:
+            gen = await asyncio.wait_for(
+                self.engine.generate(input_ids, sampling, request_id=f"{session_id}-{uuid.uuid4().hex[:8]}"),
+                timeout=self.engine_timeout_s,
+            )
+        except asyncio.TimeoutError:
+            self.counters["tito/engine_errors"] += 1
+            raise SessionEngineError(
+                f"the engine did not answer within {self.engine_timeout_s:g}s for session {session_id!r} "
+                f"({len(input_ids)} prompt tokens); nothing was recorded, retry the turn"
+            ) from None
+        except Exception as e:
+            self.counters["tito/engine_errors"] += 1
+            raise SessionEngineError(
+                f"the engine failed for session {session_id!r}: {type(e).__name__}: {e}; "
+                "nothing was recorded, retry the turn"
+            ) from e
+        finally:
+            self.timers["tito/engine_seconds"] += time.perf_counter() - t0
+        n = len(gen.output_ids)
+        if len(gen.logprobs) != n or (gen.weight_versions and len(gen.weight_versions) != n):
+            self.counters["tito/engine_errors"] += 1
+            raise SessionEngineError(
+                f"the engine returned {n} tokens but {len(gen.logprobs)} logprobs and "
+                f"{len(gen.weight_versions)} weight versions; nothing was recorded"
+            )
+        return gen
+
+    def _cut(
+        self, gen: Generation, stop: list[str] | None
+    ) -> tuple[list[int], list[float], list[int], str, int | None, str | None]:
+        """Apply stop strings; return tokens, logprobs, versions, finish, final stop token, text."""
+        out = list(gen.output_ids)
+        lps = [float(x) for x in gen.logprobs]
+        vers = list(gen.weight_versions) if gen.weight_versions else [gen.weight_version] * len(out)
+        finish: str = gen.finish_reason
+        stop_set = set(self.tok.stop_token_ids)
+        last_stop = out[-1] if finish == "stop" and out and out[-1] in stop_set else None
+        stops = [s for s in stop or [] if s]
+        if not stops:
+            return out, lps, vers, finish, last_stop, None
+        body = out[:-1] if last_stop is not None else out
+        text = self.tok.tokenizer.decode(body, skip_special_tokens=True)
+        hits = [(text.find(s), s) for s in stops if s in text]
+        if not hits:
+            return out, lps, vers, finish, last_stop, None
+        idx, s = min(hits)
+        need = idx + len(s)
+        lo, hi = 1, len(body)  # smallest k whose decoded prefix contains the stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if s in self.tok.tokenizer.decode(body[:mid], skip_special_tokens=True)[: need + 8]:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.counters["tito/stop_string_cuts"] += 1
+        return body[:lo], lps[:lo], vers[:lo], "stop", None, text[:idx]
+
+    # ---------------------------------------------------------------- metrics
+    def metrics(self) -> dict[str, float]:
+        """Counters and timers (``tito/*``), plus open sessions."""
+        out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
+        out.update({k: float(v) for k, v in self.timers.items()})
+        out["tito/sessions_open"] = float(len(self._sessions))
+        for key in ("tito/divergences", "tito/parse_failures", "tito/turns", "tito/engine_errors"):
+            out.setdefault(key, 0.0)
+        return out
