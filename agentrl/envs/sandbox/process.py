@@ -1,0 +1,273 @@
+"""The process backend: each sandbox is a bubblewrap namespace in its own cgroup. No daemon needed.
+
+What holds (checked by ``tests/envs/sandbox/test_redteam.py``):
+
+* **namespaces**: every one unshared (user, pid, net, ipc, uts, mount, cgroup); nested user
+  namespaces disabled; the executor is PID 1, so the code cannot signal it.
+* **identity**: uid/gid 65534 inside; when the host process is root, bubblewrap itself runs as
+  host uid 65534 too, so even an escape lands unprivileged. No capabilities.
+* **file system**: ``/usr`` (and the ``/bin``, ``/lib`` links) read-only; no ``/etc``, ``/home``,
+  ``/root`` or checkout; private ``/proc`` and ``/dev``; ``/work`` and ``/tmp`` are size-capped tmpfs.
+* **network**: a private namespace with loopback only: the host's 127.0.0.1, outside addresses
+  and DNS are unreachable.
+* **limits**: memory, pids and CPU quota by cgroup (:mod:`.cgroups`); wall time, CPU time, file
+  size and output size by the executor; a host deadline on top.
+* **lifetime**: ``--die-with-parent`` (the sandbox gets SIGKILL the moment the thread that spawned
+  it dies, so spawns go through one long-lived thread), plus the cgroup reaper for anything left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import select
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs.sandbox import cgroups
+from agentrl.envs.sandbox.base import EXECUTOR_IN_SANDBOX, READY_TIMEOUT_S, Sandbox, executor_source
+from agentrl.envs.sandbox.errors import SandboxLost, SandboxUnavailable
+from agentrl.envs.sandbox.types import Limits
+
+__all__ = ["ProcessBackend"]
+
+SANDBOX_UID = 65534
+
+
+class _Spawner:
+    """One long-lived daemon thread that starts every bubblewrap process.
+
+    ``--die-with-parent`` ties a sandbox to the *thread* that forked it (PR_SET_PDEATHSIG), so a
+    sandbox started from a short-lived worker thread would die when that thread ends.
+    """
+
+    _instance: _Spawner | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        threading.Thread(target=self._loop, name="agentrl-sandbox-spawner", daemon=True).start()
+
+    @classmethod
+    def get(cls) -> _Spawner:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = _Spawner()
+            return cls._instance
+
+    def _loop(self) -> None:
+        while True:
+            fn, fut = self._q.get()
+            try:
+                fut.set_result(fn())
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        fut: Future[Any] = Future()
+        self._q.put((fn, fut))
+        return fut.result()
+
+
+class _ProcessChannel:
+    def __init__(self, proc: subprocess.Popen[bytes], cgroup: cgroups.SandboxCgroup | None) -> None:
+        self.proc, self.cgroup = proc, cgroup
+        assert proc.stdin is not None and proc.stdout is not None
+        self._in, self._out = proc.stdin, proc.stdout.fileno()
+        os.set_blocking(self._out, False)
+        self._buf = b""
+        self._destroyed = False
+
+    def describe(self) -> str:
+        return f"bwrap pid {self.proc.pid}"
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._in.write(data)
+            self._in.flush()
+        except (BrokenPipeError, ValueError) as e:
+            raise SandboxLost(f"executor stdin closed ({e})") from None
+
+    def recv_line(self, deadline: float, limit: int) -> bytes:
+        while b"\n" not in self._buf:
+            if len(self._buf) > limit:
+                raise SandboxLost(f"reply over {limit} bytes without a newline")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self._out], [], [], left)
+            if not ready:
+                continue
+            try:
+                chunk = os.read(self._out, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise SandboxLost(f"executor exited (status {self.proc.poll()}){self._stderr_tail()}")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def _stderr_tail(self) -> str:
+        if self.proc.stderr is None:
+            return ""
+        os.set_blocking(self.proc.stderr.fileno(), False)
+        try:
+            data = self.proc.stderr.read(4096) or b""
+        except OSError:
+            data = b""
+        text = data.decode("utf-8", "replace").strip()
+        return f": {text}" if text else ""
+
+    def destroy(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        with contextlib.suppress(OSError, ValueError):
+            self._in.close()
+        with contextlib.suppress(OSError):
+            self.proc.kill()  # --die-with-parent takes the namespace down with it
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=2.0)
+        for f in (self.proc.stdout, self.proc.stderr):
+            with contextlib.suppress(OSError):
+                if f is not None:
+                    f.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError):
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+    return out
+
+
+class ProcessBackend:
+    """Starts bubblewrap sandboxes. ``python`` is the interpreter inside (from the read-only ``/usr``)."""
+
+    name = "process"
+
+    def __init__(self, limits: Limits | None = None, *, python: str = "/usr/bin/python3",
+                 use_cgroups: bool = True) -> None:
+        self.limits = limits or Limits()
+        self.bwrap = shutil.which("bwrap")
+        if self.bwrap is None:
+            raise SandboxUnavailable(
+                "the process backend needs bubblewrap, and `bwrap` is not on PATH; install it with "
+                "`apt-get install -y bubblewrap` (scripts/system-deps.sh does), or use backend='docker'"
+            )
+        if not python.startswith("/usr/") or not os.access(python, os.X_OK):
+            raise SandboxUnavailable(
+                f"python={python!r} must be an executable under /usr (the only host tree the sandbox sees); "
+                "install python3 (`apt-get install -y python3`) or pass python='/usr/bin/python3.X'"
+            )
+        self.python = python
+        self._source = executor_source()
+        self.cgroups = cgroups.detect() if use_cgroups else None
+        if self.cgroups is not None:
+            cgroups.reap_orphans(self.cgroups)
+        self._as_nobody = os.geteuid() == 0
+        self._base_args = self._bwrap_args()
+
+    @property
+    def enforced(self) -> dict[str, str]:
+        """Which mechanism holds each limit on this machine (for logs and docs)."""
+        cg = f"cgroup v{self.cgroups.version}" if self.cgroups else None
+        return {
+            "memory": cg or "RLIMIT_AS per run only (no cgroup: the sandbox as a whole is not capped)",
+            "pids": cg or "NOT enforced (no cgroup; RLIMIT_NPROC does not hold per sandbox)",
+            "cpus": cg or "NOT enforced (no cgroup)",
+            "timeout": "executor + host deadline",
+            "cpu_time": "RLIMIT_CPU + executor",
+            "file_size": "RLIMIT_FSIZE",
+            "disk": "tmpfs size",
+            "output": "executor",
+        }
+
+    def _bwrap_args(self) -> list[str]:
+        lim = self.limits
+        args = [self.bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+                "--die-with-parent", "--as-pid-1", "--new-session", "--cap-drop", "ALL",
+                "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+                "--ro-bind", "/usr", "/usr"]
+        for top in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
+            host = Path("/") / top
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), f"/{top}"]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), f"/{top}"]
+        args += ["--proc", "/proc", "--dev", "/dev",
+                 "--size", str(lim.disk_bytes), "--tmpfs", "/tmp",
+                 "--size", str(lim.disk_bytes), "--tmpfs", "/work",
+                 "--dir", "/opt/agentrl", "--dir", "/run/agentrl", "--chdir", "/work",
+                 "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/work"]
+        return args
+
+    def create(self) -> Sandbox:
+        """Start one sandbox (cold start) and wait until its executor is ready."""
+        cgroup = None
+        if self.cgroups is not None:
+            try:
+                cgroup = self.cgroups.create(self.limits.memory_bytes, self.limits.pids, self.limits.cpus)
+            except OSError as e:
+                raise SandboxUnavailable(f"could not create a cgroup for the sandbox: {e}") from None
+        try:
+            proc = _Spawner.get().call(lambda: self._spawn(cgroup))
+            channel = _ProcessChannel(proc, cgroup)
+        except BaseException:
+            if cgroup is not None:
+                cgroup.destroy()
+            raise
+        try:
+            line = channel.recv_line(time.monotonic() + READY_TIMEOUT_S, 1 << 16)
+            if b'"ready": true' not in line:
+                raise SandboxLost(f"executor did not say ready: {line[:200]!r}")
+            if cgroup is not None:
+                # The executor runs no code before its first request, so moving it (and bwrap) now
+                # puts every process the code will ever start inside the cgroup.
+                for pid in _descendants(proc.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        cgroup.add(pid)
+        except (TimeoutError, SandboxLost, OSError) as e:
+            channel.destroy()
+            raise SandboxUnavailable(f"bubblewrap sandbox failed to start: {e or 'no ready line in time'}") from None
+        return Sandbox(self.name, channel, self.limits, f"bwrap-{proc.pid}")
+
+    def _spawn(self, cgroup: cgroups.SandboxCgroup | None) -> subprocess.Popen[bytes]:
+        r, w = os.pipe()
+        pass_fds = [r]
+        args = list(self._base_args)
+        args += ["--perms", "0444", "--ro-bind-data", str(r), EXECUTOR_IN_SANDBOX]
+        if cgroup is not None:
+            for name, path in cgroup.counter_files().items():
+                if path.exists():
+                    args += ["--ro-bind", str(path), f"/run/agentrl/{name}"]
+        args += [self.python, "-I", "-S", EXECUTOR_IN_SANDBOX]
+        kw: dict[str, Any] = {}
+        if self._as_nobody:
+            kw = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
+        try:
+            proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    pass_fds=pass_fds, close_fds=True, **kw)
+        finally:
+            os.close(r)
+        with os.fdopen(w, "wb") as f:
+            f.write(self._source)
+        return proc
+
+    def reap(self) -> int:
+        """Remove sandbox cgroups (and their processes) whose owner process died; the number removed."""
+        return cgroups.reap_orphans(self.cgroups) if self.cgroups is not None else 0
