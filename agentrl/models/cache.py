@@ -71,7 +71,7 @@ def _sha256(path: Path) -> str:
 def check_entry(path: Path, name: str) -> str | None:
     """``None`` when ``path`` holds a complete, intact build of ``name``; otherwise what is wrong."""
     manifest_path = path / MANIFEST
-    if not path.is_dir():
+    if not path.is_dir() or not any(path.iterdir()):
         return "missing"
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -152,6 +152,13 @@ def _write_entry(spec: ModelSpec, out: Path, progress: Progress) -> None:
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def _replaceable(target: Path) -> bool:
+    """A directory a build may replace: empty, inside the cache, or an earlier (possibly damaged) build."""
+    if target.parent == models_home().absolute():
+        return True
+    return not any(target.iterdir()) or (target / MANIFEST).exists() or (target / METADATA).exists()
+
+
 def build(name: str, out: Path | None = None, force: bool = False, progress: Progress | None = None) -> Path:
     """Build catalogue entry ``name`` into ``out`` (default: the cache) and return the directory.
 
@@ -167,16 +174,20 @@ def build(name: str, out: Path | None = None, force: bool = False, progress: Pro
         problem = check_entry(target, name)
         if problem is None and not force:
             return target
-        if problem not in (None, "missing"):
+        if target.exists() and not target.is_dir():
+            raise ModelError(f"cannot build model {name!r} into {target}: it is a file, not a directory")
+        if target.is_dir() and not _replaceable(target):
+            raise ModelError(
+                f"cannot build model {name!r} into {target}: the directory holds files that are not an agentrl "
+                "model build; pass an empty or new directory to --out"
+            )
+        if problem is not None and problem != "missing":
             if problem.startswith("built by recipe version"):
                 log.info("rebuilding model %r at %s: %s", name, target, problem)
             else:
                 warnings.warn(
-                    f"model {name!r} at {target} is damaged ({problem}); rebuilding it", stacklevel=2
+                    f"model {name!r} at {target} is damaged ({problem}); rebuilding it", stacklevel=3
                 )
-                log.warning("model %r at %s is damaged (%s); rebuilding it", name, target, problem)
-        if target.exists() and not target.is_dir():
-            raise ModelError(f"cannot build model {name!r} into {target}: it is a file, not a directory")
         started = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
