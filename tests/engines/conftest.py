@@ -54,8 +54,14 @@ def tiny_qwen3(seed: int = 0) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(cfg).eval()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
 def model() -> Qwen2ForCausalLM:
+    """A fresh model per test: engines update their model's weights in place."""
     return tiny_qwen2()
 
 
