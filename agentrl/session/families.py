@@ -90,8 +90,10 @@ FAMILIES: dict[str, Family] = {
         tool_parser="glm4",
         stop_tokens=("<|user|>", "<|observation|>", "<|endoftext|>"),
         message_adapter="glm4",
-        quirks=("tool results rendered as observation turns, tool calls as metadata turns",
-                "sampled next-turn opener (<|user|>/<|observation|>) kept, not inserted twice",),
+        quirks=(
+            "tool results rendered as observation turns, tool calls as metadata turns",
+            "sampled next-turn opener (<|user|>/<|observation|>) kept, not inserted twice",
+        ),
     ),
     "generic": Family(name="generic", tool_parser="hermes"),
 }

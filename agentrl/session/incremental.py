@@ -8,7 +8,7 @@ appended messages, and open the next assistant turn.
 How the bridge is computed, with ``A`` a synthetic assistant turn that has the
 real turn's shape (its tool calls, whether it reasoned) and a sentinel content::
 
-    G = render([user], gen=True)                 the synthetic head
+    G = render([user], gen=False)                the synthetic head
     Q = render([user, A], gen=False)             ... + A rendered as the last turn
     F = render([user, A, *appended], gen=True)   ... + the appended messages + generation prompt
 
@@ -163,14 +163,16 @@ class IncrementalTokenizer:
     ) -> list[int]:
         """A full render, tokenized: the first turn of a segment (and ``/tokenize``)."""
         return self.encode(
-            self.render(messages, tools, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs)
+            self.render(
+                messages, tools, add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs
+            )
         )
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 
     # ---------------------------------------------------------------- bridge
-    def _close(self, template_kwargs: dict[str, Any] | None) -> str:
+    def close_text(self, template_kwargs: dict[str, Any] | None) -> str:
         """Text the template puts after a plain assistant turn's content (e.g. ``<|im_end|>\\n``)."""
         key = json.dumps(template_kwargs or {}, sort_keys=True)
         if key not in self._close_cache:
@@ -204,21 +206,27 @@ class IncrementalTokenizer:
         appended: list[Message],
         tools: list[ToolSpec] | None,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        turn_index: int = 1,
     ) -> tuple[str, str]:
         """``(C, S)``: the turn close and the appended messages + generation prompt, as text."""
         head = [Message(role="user", content="U")]
-        close = self._close(template_kwargs)
-        g = self.render(head, tools, add_generation_prompt=True, template_kwargs=template_kwargs)
+        close = self.close_text(template_kwargs)
+        g = self.render(head, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
         try:
             a = self._synthetic_assistant(last_assistant, single_call=False)
             q = self.render([*head, a], tools, add_generation_prompt=False, template_kwargs=template_kwargs)
-            f = self.render([*head, a, *appended], tools, add_generation_prompt=True, template_kwargs=template_kwargs)
+            f = self.render(
+                [*head, a, *appended], tools, add_generation_prompt=True, template_kwargs=template_kwargs
+            )
         except TemplateError:
             if not (last_assistant.tool_calls and len(last_assistant.tool_calls) > 1):
                 raise
             a = self._synthetic_assistant(last_assistant, single_call=True)  # llama3: one call per turn
             q = self.render([*head, a], tools, add_generation_prompt=False, template_kwargs=template_kwargs)
-            f = self.render([*head, a, *appended], tools, add_generation_prompt=True, template_kwargs=template_kwargs)
+            f = self.render(
+                [*head, a, *appended], tools, add_generation_prompt=True, template_kwargs=template_kwargs
+            )
         if not (q.startswith(g) and f.startswith(g)):
             raise TemplateError(
                 "the chat template renders the first user message differently once an assistant turn "
@@ -231,23 +239,23 @@ class IncrementalTokenizer:
         if f.startswith(q):
             return close, f[len(q) :]
         if self.family.strict_append_only:
-            raise TemplateError(self._offender(q, f, appended))
+            raise TemplateError(self._offender(q, f, appended, turn_index))
         # known quirk (qwen3): the assistant turn's reasoning renders differently once a user
         # message follows; everything from its content on must still be unchanged.
         qi, fi = q.rfind(SENTINEL), f.find(SENTINEL)
         if qi < 0 or fi < 0 or not f[fi:].startswith(q[qi:]):
             raise TemplateError(
-                "the assistant turn (message 1, role 'assistant') renders differently after its content "
+                f"the assistant turn (message {turn_index}, role 'assistant') renders differently after its content "
                 f"once {[m.role for m in appended]} messages are appended; the template is not append-only "
                 "for this message shape"
             )
         return close, f[fi + len(q) - qi :]
 
-    def _offender(self, q: str, f: str, appended: list[Message]) -> str:
+    def _offender(self, q: str, f: str, appended: list[Message], turn_index: int) -> str:
         i = next((k for k, (x, y) in enumerate(zip(q, f, strict=False)) if x != y), min(len(q), len(f)))
         return (
-            f"the {self.family.name} chat template is not append-only: the assistant turn (message 1, role "
-            f"'assistant') renders differently once {[m.role for m in appended]} messages are appended "
+            f"the {self.family.name} chat template is not append-only: the assistant turn (message "
+            f"{turn_index}, role 'assistant') renders differently once {[m.role for m in appended]} messages are appended "
             f"(first difference at character {i}: {q[i : i + 40]!r} became {f[i : i + 40]!r}); "
             "use a known family or a template that keeps earlier turns unchanged"
         )
@@ -259,6 +267,8 @@ class IncrementalTokenizer:
         tools: list[ToolSpec] | None,
         template_kwargs: dict[str, Any] | None,
         last_sampled: int | None,
+        *,
+        turn_index: int = 1,
     ) -> list[int]:
         """The tokens between the last sampled token and the next sampled token (all prompt).
 
@@ -267,7 +277,9 @@ class IncrementalTokenizer:
         already closed the turn (qwen ``<|im_end|>``, llama ``<|eot_id|>``) or opened
         the next one (glm ``<|observation|>``), so it is not inserted again.
         """
-        close, suffix = self.bridge_text(last_assistant, appended, tools, template_kwargs)
+        close, suffix = self.bridge_text(
+            last_assistant, appended, tools, template_kwargs, turn_index=turn_index
+        )
         ids = self.encode(close + suffix)
         close_ids = self.encode(close)
         if ids[: len(close_ids)] != close_ids:
@@ -293,7 +305,9 @@ class IncrementalTokenizer:
         if parsed.tool_calls and not content:
             content = None
         msg = Message(
-            role="assistant", content=content, reasoning_content=reasoning, tool_calls=parsed.tool_calls or None
+            role="assistant",
+            content=content,
+            reasoning_content=reasoning,
+            tool_calls=parsed.tool_calls or None,
         )
         return ParsedTurn(message=msg, parse_failed=parsed.parse_failed, text=text)
-

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.engines.protocol import Engine, Generation
+from agentrl.session.audit import AuditReport, audit_segment
 from agentrl.session.errors import (
     LedgerError,
     SessionEngineError,
@@ -94,7 +95,9 @@ def same_message(stored: Message, sent: Message) -> bool:
     if stored.role == "assistant":
         if _norm(stored.content) != _norm(sent.content) or _calls_key(stored) != _calls_key(sent):
             return False
-        return sent.reasoning_content is None or _norm(sent.reasoning_content) == _norm(stored.reasoning_content)
+        return sent.reasoning_content is None or _norm(sent.reasoning_content) == _norm(
+            stored.reasoning_content
+        )
     return (
         (stored.content or "") == (sent.content or "")
         and stored.tool_call_id == sent.tool_call_id
@@ -206,7 +209,9 @@ class SessionManager:
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of a full render, exactly as a segment's first turn would send them."""
-        return self.tok.prompt_ids(messages, tools, template_kwargs, add_generation_prompt=add_generation_prompt)
+        return self.tok.prompt_ids(
+            messages, tools, template_kwargs, add_generation_prompt=add_generation_prompt
+        )
 
     # ---------------------------------------------------------------- turns
     def _plan(
@@ -281,7 +286,9 @@ class SessionManager:
                 last = seg.messages[-1] if seg.messages and seg.messages[-1].role == "assistant" else None
                 if last is None:
                     raise LedgerError("a segment with turns must end with the assistant reply")
-                prompt_add = self.tok.bridge_ids(last, appended, tools, kwargs, seg.last_stop)
+                prompt_add = self.tok.bridge_ids(
+                    last, appended, tools, kwargs, seg.last_stop, turn_index=len(seg.messages) - 1
+                )
                 base = seg.token_ids
             self.timers["tito/tokenize_seconds"] += time.perf_counter() - t0
             input_ids = base + prompt_add
@@ -396,12 +403,33 @@ class SessionManager:
         self.counters["tito/stop_string_cuts"] += 1
         return body[:lo], lps[:lo], vers[:lo], "stop", None, text[:idx]
 
+    # ---------------------------------------------------------------- audit
+    def audit(self, session_id: str) -> list[AuditReport]:
+        """Audit every segment of the session against a canonical render (counted in metrics)."""
+        reports = [audit_segment(self.tok, s) for s in self._get(session_id).ledger.segments if s.turns]
+        for r in reports:
+            self.record_audit(r)
+        return reports
+
+    def record_audit(self, report: AuditReport) -> None:
+        self.counters["tito/audits"] += 1
+        self.counters["tito/audit/turns"] += report.turns
+        for k, v in report.counts.items():
+            self.counters[f"tito/audit/{k}"] += v
+        self.counters["tito/audit/unexplained"] += report.unexplained
+
     # ---------------------------------------------------------------- metrics
     def metrics(self) -> dict[str, float]:
         """Counters and timers (``tito/*``), plus open sessions."""
         out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
         out.update({k: float(v) for k, v in self.timers.items()})
         out["tito/sessions_open"] = float(len(self._sessions))
-        for key in ("tito/divergences", "tito/parse_failures", "tito/turns", "tito/engine_errors"):
+        for key in (
+            "tito/divergences",
+            "tito/parse_failures",
+            "tito/turns",
+            "tito/engine_errors",
+            "tito/audit/unexplained",
+        ):
             out.setdefault(key, 0.0)
         return out
