@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from agentrl.engines.batch import KVBatch, PrefixCache
 from agentrl.engines.errors import (
     ContextLengthError,
     EngineRequestError,
@@ -105,6 +106,8 @@ class _Request:
     abort_requested: bool = False
     arrived: float = field(default_factory=time.monotonic)
     first_token_at: float = 0.0
+    cached_tokens: int = 0
+    epoch: int = 0  # the engine's KV epoch when prefilled (KV from another epoch is never cached)
 
 
 @dataclass
@@ -132,7 +135,9 @@ class HFEngine:
     model name / local path / hub id. ``device`` defaults to CUDA when present, else CPU.
     ``max_batch_size`` bounds the running batch; ``max_prefill_tokens`` bounds one
     prefill (padded tokens); ``stop_on_eos`` also stops at the model's EOS ids;
-    ``max_context`` overrides the model's ``max_position_embeddings``.
+    ``max_context`` overrides the model's ``max_position_embeddings``;
+    ``prefix_cache_bytes`` bounds the KV kept for prompt-prefix reuse (0 disables it); a cached
+    prefix is reused when it covers at least ``min_prefix_reuse`` prompt tokens.
     """
 
     def __init__(
@@ -148,6 +153,8 @@ class HFEngine:
         seed: int = 0,
         weight_version: int = 0,
         name: str | None = None,
+        prefix_cache_bytes: int = 256 << 20,
+        min_prefix_reuse: int = 16,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -192,9 +199,17 @@ class HFEngine:
         self._staged: dict[str, StagedWeights] = {}
         self._groups: dict[str, Any] = {}
         self._closed = False
-        self._cache: Any = None  # DynamicCache of the running batch, rows aligned with self._running
-        self._mask: torch.Tensor | None = None  # (B, L) bool: which cache columns are real tokens
-        self.stats: dict[str, int] = {"requests": 0, "generated_tokens": 0, "prefill_tokens": 0, "steps": 0}
+        self._epoch = 0
+        self._kv: KVBatch | None = None  # KV of the running batch, rows aligned with self._running
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.min_prefix_reuse = min_prefix_reuse
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "generated_tokens": 0,
+            "prefill_tokens": 0,
+            "cached_prompt_tokens": 0,
+            "steps": 0,
+        }
         self._thread = threading.Thread(target=self._loop, name="agentrl-hf-engine", daemon=True)
         self._thread.start()
 
@@ -234,16 +249,25 @@ class HFEngine:
             ) from None
 
     def submit(
-        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
+        self,
+        input_ids: list[int],
+        sampling: SamplingLike = None,
+        *,
+        request_id: str | None = None,
+        ignore_eos: bool = False,
     ) -> concurrent.futures.Future[Generation]:
-        """Validate and enqueue a request; the future resolves to its ``Generation``. Bad input raises now."""
+        """Validate and enqueue a request; the future resolves to its ``Generation``. Bad input raises now.
+
+        ``ignore_eos`` keeps generating past the model's EOS ids (``stop_token_ids`` still stop).
+        """
         params = parse_sampling(sampling)
         prompt = self._validate_prompt(input_ids, params)
         rid = request_id or uuid.uuid4().hex
         gen = torch.Generator(device="cpu")
         gen.manual_seed(params.seed if params.seed is not None else next(self._seeds))
         fut: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        req = _Request(rid, prompt, params, frozenset(params.stop_token_ids) | self.eos_token_ids, gen, fut)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if ignore_eos else self.eos_token_ids)
+        req = _Request(rid, prompt, params, stop_ids, gen, fut)
         fut.request_id = rid  # type: ignore[attr-defined]
         with self._cv:
             if self._closed:
@@ -312,8 +336,22 @@ class HFEngine:
         return self._queue_update(lambda: self._copy_weights(targets, tensors, version), drain)
 
     async def flush_cache(self) -> None:
-        """Drop cached KV that no running request needs (there is no cross-request cache yet)."""
-        return None
+        """Drop the prompt-prefix cache (KV that no running request needs)."""
+        await asyncio.wrap_future(self._queue_update(self._flush, drain=False))
+
+    def _flush(self) -> int:
+        self.prefix_cache.clear()
+        self._epoch += 1
+        return self._version
+
+    async def abort_all(self) -> int:
+        """Abort every waiting and running request; returns how many were aborted."""
+        with self._cv:
+            live = [r for r in self._by_id.values() if not r.future.done()]
+            for r in live:
+                r.abort_requested = True
+            self._cv.notify_all()
+        return len(live)
 
     # torch.distributed weight transfer (the SGLang endpoint names; see agentrl.engines.weights)
 
@@ -480,6 +518,8 @@ class HFEngine:
     ) -> int:
         for name, dst in targets.items():
             dst.copy_(tensors[name])
+        self.prefix_cache.clear()  # KV computed by the old weights is never reused by new requests
+        self._epoch += 1
         self._version = self._version + 1 if version is None else version
         return self._version
 
@@ -533,8 +573,9 @@ class HFEngine:
             self._finish(r, "abort")
         keep = [i for i, r in enumerate(self._running) if not r.abort_requested]
         if len(keep) != len(self._running):
-            for r in self._running:
+            for i, r in enumerate(self._running):
                 if r.abort_requested:
+                    self._remember(i)
                     self._finish(r, "abort")
             self._select_rows(keep)
 
@@ -548,6 +589,7 @@ class HFEngine:
             request_id=req.rid,
             prompt_tokens=len(req.prompt),
             meta={
+                "cached_tokens": req.cached_tokens,
                 "queue_s": (req.first_token_at or time.monotonic()) - req.arrived,
                 "e2e_s": time.monotonic() - req.arrived,
             },
@@ -562,8 +604,7 @@ class HFEngine:
                 self._by_id.pop(r.rid, None)
             _resolve(r.future, exc=exc)
         self._running = []
-        self._cache = None
-        self._mask = None
+        self._kv = None
 
     def _shutdown(self) -> None:
         with self._cv:
@@ -572,7 +613,7 @@ class HFEngine:
         for r in pending:
             self._finish(r, "abort")
         self._running = []
-        self._cache = None
+        self._kv = None
         for upd in self._updates:
             _resolve(
                 upd.future,
@@ -616,77 +657,61 @@ class HFEngine:
             self._waiting = self._waiting[len(batch) :]
         if not batch:
             return
-        from transformers import DynamicCache
-
-        n, p = len(batch), longest
-        ids = torch.zeros((n, p), dtype=torch.long)
-        real = torch.zeros((n, p), dtype=torch.bool)
-        for i, r in enumerate(batch):
-            ids[i, p - len(r.prompt) :] = torch.tensor(r.prompt)
-            real[i, p - len(r.prompt) :] = True
-        ids, real = ids.to(self.device), real.to(self.device)
-        positions = (real.long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones((p, p), dtype=torch.bool, device=self.device).tril()
-        allowed = causal.unsqueeze(0) & real.unsqueeze(1)
-        cache = DynamicCache()
-        logits = self._forward(ids, allowed, positions, cache)
-        self.stats["prefill_tokens"] += sum(len(r.prompt) for r in batch)
         now = time.monotonic()
         for r in batch:
             r.first_token_at = now
-        self._merge(batch, cache, real)
-        self._sample_and_advance(logits, batch, row_offset=len(self._running) - n)
+            r.epoch = self._epoch
+        # Prompts that extend a cached sequence prefill only their suffix, one at a time;
+        # the others share one left-padded prefill.
+        fresh: list[_Request] = []
+        for r in batch:
+            hit = self.prefix_cache.lookup(r.prompt, self.min_prefix_reuse)
+            if hit is None:
+                fresh.append(r)
+                continue
+            n, kv = hit
+            logits, kvb = KVBatch.prefill_suffix(self._forward, kv, r.prompt[n:], self.device)
+            self.stats["prefill_tokens"] += len(r.prompt) - n
+            self.stats["cached_prompt_tokens"] += n
+            r.cached_tokens = n
+            self._join([r], kvb, logits)
+        if fresh:
+            logits, kvb = KVBatch.prefill(self._forward, [r.prompt for r in fresh], self.device)
+            self.stats["prefill_tokens"] += sum(len(r.prompt) for r in fresh)
+            for i, r in enumerate(fresh):
+                self.prefix_cache.put(r.prompt, kvb.row(i))
+            self._join(fresh, kvb, logits)
 
-    def _merge(self, new: list[_Request], cache: Any, real: torch.Tensor) -> None:
-        """Append ``new`` rows (their cache and mask) to the running batch, left-padding to a common length."""
-        from transformers import DynamicCache
+    def _join(self, reqs: list[_Request], kvb: KVBatch, logits: torch.Tensor) -> None:
+        """Add freshly prefilled requests to the running batch and sample their first tokens."""
+        self._kv = kvb if self._kv is None or not self._running else self._kv.extend(kvb)
+        self._running = self._running + reqs
+        self._sample_and_advance(logits, reqs)
 
-        if self._cache is None or self._mask is None or not self._running:
-            self._cache, self._mask, self._running = cache, real, list(new)
+    def _remember(self, i: int) -> None:
+        """Put running row ``i``'s KV (prompt + output but the last token) into the prefix cache."""
+        r = self._running[i]
+        if self._kv is None or r.epoch != self._epoch or self.prefix_cache.max_bytes <= 0:
             return
-        old_len, new_len = self._mask.shape[1], real.shape[1]
-        length = max(old_len, new_len)
-        data = []
-        for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
-            ks = [_left_pad(old_layer.keys, length), _left_pad(new_layer.keys, length)]
-            vs = [_left_pad(old_layer.values, length), _left_pad(new_layer.values, length)]
-            data.append((torch.cat(ks, 0), torch.cat(vs, 0)))
-        self._cache = DynamicCache(ddp_cache_data=data)
-        self._mask = torch.cat([_left_pad(self._mask, length), _left_pad(real, length)], 0)
-        self._running = self._running + list(new)
+        tokens = r.prompt + r.output[:-1]
+        if int(self._kv.mask[i].sum()) == len(tokens):
+            self.prefix_cache.put(tokens, self._kv.row(i))
 
     def _select_rows(self, keep: list[int]) -> None:
-        """Keep only rows ``keep`` of the running batch and drop cache columns no remaining row uses."""
-        from transformers import DynamicCache
-
-        if not keep:
-            self._running, self._cache, self._mask = [], None, None
-            return
-        assert self._mask is not None and self._cache is not None
-        idx = torch.tensor(keep, device=self.device)
-        mask = self._mask.index_select(0, idx)
-        used = mask.any(0)
-        start = int(used.nonzero()[0]) if bool(used.any()) else 0
-        data = [
-            (layer.keys.index_select(0, idx)[:, :, start:], layer.values.index_select(0, idx)[:, :, start:])
-            for layer in self._cache.layers
-        ]
-        self._cache = DynamicCache(ddp_cache_data=data)
-        self._mask = mask[:, start:]
+        """Keep only rows ``keep`` of the running batch."""
+        self._kv = self._kv.select(keep) if self._kv is not None else None
         self._running = [self._running[i] for i in keep]
 
     def _decode(self) -> None:
-        assert self._mask is not None
+        assert self._kv is not None
         reqs = self._running
         tokens = torch.tensor([[r.output[-1]] for r in reqs], dtype=torch.long, device=self.device)
         positions = torch.tensor([[len(r.prompt) + len(r.output) - 1] for r in reqs], device=self.device)
-        mask = torch.cat([self._mask, torch.ones((len(reqs), 1), dtype=torch.bool, device=self.device)], 1)
-        logits = self._forward(tokens, mask.unsqueeze(1), positions, self._cache)
-        self._mask = mask
+        logits = self._kv.decode(self._forward, tokens, positions)
         self.stats["steps"] += 1
-        self._sample_and_advance(logits, reqs, row_offset=0)
+        self._sample_and_advance(logits, reqs)
 
-    def _sample_and_advance(self, logits: torch.Tensor, reqs: list[_Request], row_offset: int) -> None:
+    def _sample_and_advance(self, logits: torch.Tensor, reqs: list[_Request]) -> None:
         """Sample one token for each of ``reqs`` (rows of ``logits``), record it, and retire finished requests."""
         params = SamplingBatch.build(
             [r.params.temperature for r in reqs],
@@ -711,21 +736,12 @@ class HFEngine:
         self.stats["generated_tokens"] += len(reqs)
         if done:
             finished = {id(r) for r, _ in done}
+            for i, r in enumerate(self._running):
+                if id(r) in finished:
+                    self._remember(i)
             for r, reason in done:
                 self._finish(r, reason)
             self._select_rows([i for i, r in enumerate(self._running) if id(r) not in finished])
-        del row_offset
-
-
-def _left_pad(t: torch.Tensor, length: int) -> torch.Tensor:
-    """Left-pad dim -2 (cache tensors (B, H, L, D)) or dim -1 (masks (B, L)) with zeros to ``length``."""
-    dim = -1 if t.dim() == 2 else -2
-    pad = length - t.shape[dim]
-    if pad == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = pad
-    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim)
 
 
 def _as_version(v: int | str | None) -> int | None:

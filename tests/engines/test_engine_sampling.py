@@ -39,7 +39,9 @@ def _draws(logits: torch.Tensor, params: SamplingBatch, seed: int) -> tuple[torc
     ("temperature", "top_p", "top_k"),
     [(1.0, 1.0, -1), (0.5, 1.0, -1), (1.3, 1.0, 4), (1.0, 0.7, -1), (0.8, 0.9, 5)],
 )
-def test_small_vocab_distribution_matches_reported_probabilities(temperature: float, top_p: float, top_k: int) -> None:
+def test_small_vocab_distribution_matches_reported_probabilities(
+    temperature: float, top_p: float, top_k: int
+) -> None:
     base = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, 0.2, 1.2])
     n = 200_000
     params = _batch(n, temperature, top_p, top_k)
@@ -122,7 +124,9 @@ def test_rows_are_independent_of_each_other() -> None:
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(6, 500, generator=g) * 4
     u = torch.rand(6, generator=g)
-    params = SamplingBatch.build([1.0, 0.5, 1.0, 0.9, 1.0, 0.0], [1.0, 0.9, 0.8, 1.0, 1.0, 1.0], [-1, 10, -1, 3, -1, -1])
+    params = SamplingBatch.build(
+        [1.0, 0.5, 1.0, 0.9, 1.0, 0.0], [1.0, 0.9, 0.8, 1.0, 1.0, 1.0], [-1, 10, -1, 3, -1, -1]
+    )
     together, lp_together = sample(logits, params, u)
     for i in range(6):
         one = SamplingBatch(params.temperature[i : i + 1], params.top_p[i : i + 1], params.top_k[i : i + 1])

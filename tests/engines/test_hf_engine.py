@@ -35,7 +35,9 @@ def sp(**kw: object) -> SamplingParams:
     return SamplingParams.model_validate(kw)
 
 
-def teacher_forced(model: torch.nn.Module, prompt: list[int], gen: Generation, params: SamplingParams) -> torch.Tensor:
+def teacher_forced(
+    model: torch.nn.Module, prompt: list[int], gen: Generation, params: SamplingParams
+) -> torch.Tensor:
     """Logprobs of ``gen.output_ids`` from one full forward pass, under the same sampling filters."""
     ids = torch.tensor([prompt + gen.output_ids])
     with torch.no_grad():
@@ -67,7 +69,9 @@ def test_is_an_engine(engine: HFEngine) -> None:
     ],
     ids=["plain", "top_k", "top_p", "top_k_top_p", "greedy"],
 )
-async def test_logprobs_match_teacher_forced_forward(engine: HFEngine, model: torch.nn.Module, params: SamplingParams) -> None:
+async def test_logprobs_match_teacher_forced_forward(
+    engine: HFEngine, model: torch.nn.Module, params: SamplingParams
+) -> None:
     ps = prompts(6, seed=11)
     gens = await asyncio.gather(*(engine.generate(p, params) for p in ps))
     for p, g in zip(ps, gens, strict=True):
@@ -84,7 +88,9 @@ async def test_qwen3_logprobs_match_teacher_forced_forward() -> None:
         ps = prompts(4, seed=2)
         gens = await asyncio.gather(*(eng.generate(p, params) for p in ps))
         for p, g in zip(ps, gens, strict=True):
-            assert torch.allclose(torch.tensor(g.logprobs), teacher_forced(model, p, g, params), atol=LOGPROB_ATOL)
+            assert torch.allclose(
+                torch.tensor(g.logprobs), teacher_forced(model, p, g, params), atol=LOGPROB_ATOL
+            )
 
 
 async def test_same_seed_same_tokens_different_seed_different_tokens(engine: HFEngine) -> None:
@@ -186,10 +192,22 @@ async def test_cancelled_generate_frees_its_slot(engine: HFEngine) -> None:
         ([1], {"max_new_tokens": 4, "temprature": 0.5}, InvalidSamplingError, "temprature"),
         ([1], {"top_p": 1.5}, InvalidSamplingError, "top_p"),
     ],
-    ids=["token_ge_vocab", "negative_token", "empty", "too_long", "max_new_tokens_0", "unknown_field", "top_p"],
+    ids=[
+        "token_ge_vocab",
+        "negative_token",
+        "empty",
+        "too_long",
+        "max_new_tokens_0",
+        "unknown_field",
+        "top_p",
+    ],
 )
 async def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(
-    engine: HFEngine, input_ids: list[int], sampling: dict[str, object] | None, error: type[Exception], needle: str
+    engine: HFEngine,
+    input_ids: list[int],
+    sampling: dict[str, object] | None,
+    error: type[Exception],
+    needle: str,
 ) -> None:
     running = asyncio.create_task(engine.generate([7, 7], sp(max_new_tokens=40, seed=9)))
     with pytest.raises(error, match=None) as info:
@@ -208,7 +226,9 @@ async def test_update_weights_in_process_changes_outputs_and_bumps_version(engin
     assert engine.weight_version == 1 and after.weight_version == 1 and set(after.weight_versions) == {1}
     assert after.output_ids != before.output_ids
     # the new outputs are exactly the new weights' outputs
-    assert torch.allclose(torch.tensor(after.logprobs), teacher_forced(new_model, [4, 5, 6], after, params), atol=LOGPROB_ATOL)
+    assert torch.allclose(
+        torch.tensor(after.logprobs), teacher_forced(new_model, [4, 5, 6], after, params), atol=LOGPROB_ATOL
+    )
     assert await engine.update_weights(state_dict=new_model.state_dict(), version=10) == 10
 
 
@@ -267,3 +287,41 @@ def test_sync_api_for_scripts(model: torch.nn.Module) -> None:
         assert eng.update_weights_sync(state_dict=tiny_qwen2(seed=1).state_dict()) == 1
     with pytest.raises(Exception, match="closed"):
         eng.generate_sync([1], {"max_new_tokens": 1})
+
+
+async def test_next_turn_reuses_the_cached_prefix_with_identical_results(model: torch.nn.Module) -> None:
+    params = sp(temperature=1.0, max_new_tokens=12, seed=8)
+    first_prompt = prompts(1, seed=9)[0] + [11] * 20
+    turn2_tail = [17, 18, 19]
+    with HFEngine(model, device="cpu", stop_on_eos=False) as eng:
+        g1 = await eng.generate(first_prompt, params)
+        p2 = first_prompt + g1.output_ids + turn2_tail
+        g2 = await eng.generate(p2, params)
+        # everything but the last sampled token of turn 1 came from the cache
+        assert eng.stats["cached_prompt_tokens"] == len(first_prompt) + len(g1.output_ids) - 1
+        assert torch.allclose(
+            torch.tensor(g2.logprobs), teacher_forced(model, p2, g2, params), atol=LOGPROB_ATOL
+        )
+    with HFEngine(model, device="cpu", stop_on_eos=False, prefix_cache_bytes=0) as cold:
+        g2_cold = await cold.generate(p2, params)
+        assert cold.stats["cached_prompt_tokens"] == 0
+    assert g2_cold.output_ids == g2.output_ids
+
+
+async def test_weight_update_invalidates_the_prefix_cache(model: torch.nn.Module) -> None:
+    p = prompts(1, seed=4)[0] + [3] * 20
+    params = sp(temperature=0.0, max_new_tokens=8)
+    with HFEngine(model, device="cpu", stop_on_eos=False) as eng:
+        await eng.generate(p, params)
+        new_model = tiny_qwen2(seed=1)
+        await eng.update_weights(state_dict=new_model.state_dict())
+        g = await eng.generate(p + [5], params)
+        assert eng.stats["cached_prompt_tokens"] == 0
+        assert torch.allclose(
+            torch.tensor(g.logprobs), teacher_forced(new_model, p + [5], g, params), atol=LOGPROB_ATOL
+        )
+        await eng.generate(p + [6], params)  # the new weights' KV is cached again
+        assert eng.stats["cached_prompt_tokens"] == len(p)
+        await eng.flush_cache()
+        await eng.generate(p + [7], params)
+        assert eng.stats["cached_prompt_tokens"] == len(p)

@@ -1,0 +1,104 @@
+"""Embedded engine throughput: generated tokens/s at 1, 8 and 32 concurrent requests.
+
+Baseline, measured in the same run on the same weights: naive one-request-at-a-time
+``model.generate`` (sampling, KV cache, same prompt and output lengths). Every request
+generates exactly ``--new-tokens`` tokens (EOS ignored on both sides), so the
+token counts are equal and the ratio is a pure throughput ratio.
+
+    python benchmarks/engine.py [--model tiny] [--requests 32] [--new-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from typing import Any
+
+import torch
+
+from agentrl.engines import HFEngine
+from agentrl.types import SamplingParams
+
+
+def make_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(16, 48))] for _ in range(n)]
+
+
+def naive_tokens_per_s(model: Any, prompts: list[list[int]], new_tokens: int) -> float:
+    generated = 0
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        torch.manual_seed(i)
+        ids = torch.tensor([p])
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        generated += out.shape[1] - ids.shape[1]
+    return generated / (time.perf_counter() - start)
+
+
+async def engine_tokens_per_s(engine: HFEngine, prompts: list[list[int]], new_tokens: int, concurrency: int) -> float:
+    sem = asyncio.Semaphore(concurrency)
+    generated = 0
+
+    async def one(i: int, p: list[int]) -> None:
+        nonlocal generated
+        async with sem:
+            g = await engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i))
+            generated += len(g.output_ids)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    return generated / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny", help="agentrl model name or local path (default: tiny)")
+    ap.add_argument("--requests", type=int, default=32, help="requests per measurement")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,8,32")
+    args = ap.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+
+    from agentrl.models import load_model
+
+    model = load_model(args.model)
+    vocab = model.get_input_embeddings().num_embeddings
+    prompts = make_prompts(args.requests, vocab, seed=0)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model {args.model}: {n_params / 1e6:.1f}M params, vocab {vocab}, torch threads {torch.get_num_threads()}")
+    print(f"{args.requests} requests x {args.new_tokens} new tokens, prompts 16-48 tokens\n")
+
+    naive_tokens_per_s(model, prompts[:2], 4)  # warm-up
+    naive = naive_tokens_per_s(model, prompts, args.new_tokens)
+    engine = HFEngine(model, device="cpu", stop_on_eos=False)
+    try:
+        asyncio.run(engine_tokens_per_s(engine, prompts[:4], 4, 4))  # warm-up
+        rows = [(c, asyncio.run(engine_tokens_per_s(engine, prompts, args.new_tokens, c))) for c in levels]
+    finally:
+        engine.close()
+
+    print("| concurrent requests | HFEngine tokens/s | naive model.generate tokens/s | ratio |")
+    print("| ---: | ---: | ---: | ---: |")
+    for c, tps in rows:
+        print(f"| {c} | {tps:,.0f} | {naive:,.0f} | {tps / naive:.1f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
