@@ -86,7 +86,9 @@ def _text_field(value: Any, what: str, *, allow_empty: bool = False) -> str:
             "cannot contain NUL (binary data belongs in files=)"
         )
     if not allow_empty and not value.strip():
-        raise SandboxInputError(f"{what} is empty; pass the Python source or shell command to run, e.g. 'print(1)'")
+        raise SandboxInputError(
+            f"{what} is empty; pass the Python source or shell command to run, e.g. 'print(1)'"
+        )
     return value
 
 
@@ -116,7 +118,9 @@ def validate_run(
     if (code is None) == (cmd is None):
         raise SandboxInputError("pass exactly one of code= (Python source) or cmd= (a shell command)")
     if persistent and cmd is not None:
-        raise SandboxInputError("persistent=True keeps a Python interpreter alive; it applies to code=, not cmd=")
+        raise SandboxInputError(
+            "persistent=True keeps a Python interpreter alive; it applies to code=, not cmd="
+        )
     req: dict[str, Any] = {"op": "run", "persistent": bool(persistent)}
     if code is not None:
         req["code"] = _text_field(code, "code")
@@ -144,7 +148,12 @@ def validate_run(
     req["return_files"] = [_check_rel_path(n) for n in return_files]
     if timeout is None:
         timeout = limits.timeout
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
         raise SandboxInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
     req["timeout"] = float(timeout)
     req["cpu_time"] = float(limits.cpu_time if limits.cpu_time is not None else timeout)
@@ -262,7 +271,9 @@ class Sandbox:
         with self._lock:
             self._next_id += 1
             req = dict(req, id=self._next_id)
-            line_limit = 4 * int(self.limits.max_output_bytes) * (2 + len(req.get("return_files") or ())) + (1 << 20)
+            line_limit = 4 * int(self.limits.max_output_bytes) * (2 + len(req.get("return_files") or ())) + (
+                1 << 20
+            )
             try:
                 self._channel.send(json.dumps(req).encode("utf-8") + b"\n")
                 while True:

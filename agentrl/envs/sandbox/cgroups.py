@@ -49,10 +49,14 @@ class SandboxCgroup:
     def counter_files(self) -> dict[str, Path]:
         """Files the executor reads to classify stops: OOM kills and refused forks."""
         if self.version == 1:
-            return {"memory.oom_control": self.dirs["memory"] / "memory.oom_control",
-                    "pids.events": self.dirs["pids"] / "pids.events"}
-        return {"memory.oom_control": self.dirs["memory"] / "memory.events",
-                "pids.events": self.dirs["pids"] / "pids.events"}
+            return {
+                "memory.oom_control": self.dirs["memory"] / "memory.oom_control",
+                "pids.events": self.dirs["pids"] / "pids.events",
+            }
+        return {
+            "memory.oom_control": self.dirs["memory"] / "memory.events",
+            "pids.events": self.dirs["pids"] / "pids.events",
+        }
 
     def procs(self) -> set[int]:
         out: set[int] = set()

@@ -160,8 +160,9 @@ class ProcessBackend:
 
     name = "process"
 
-    def __init__(self, limits: Limits | None = None, *, python: str = "/usr/bin/python3",
-                 use_cgroups: bool = True) -> None:
+    def __init__(
+        self, limits: Limits | None = None, *, python: str = "/usr/bin/python3", use_cgroups: bool = True
+    ) -> None:
         self.limits = limits or Limits()
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
@@ -199,21 +200,59 @@ class ProcessBackend:
 
     def _bwrap_args(self) -> list[str]:
         lim = self.limits
-        args = [self.bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-                "--die-with-parent", "--as-pid-1", "--new-session", "--cap-drop", "ALL",
-                "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-                "--ro-bind", "/usr", "/usr"]
+        args = [
+            self.bwrap or "bwrap",
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--as-pid-1",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]
         for top in ("bin", "lib", "lib32", "lib64", "libx32", "sbin"):
             host = Path("/") / top
             if host.is_symlink():
                 args += ["--symlink", os.readlink(host), f"/{top}"]
             elif host.is_dir():
                 args += ["--ro-bind", str(host), f"/{top}"]
-        args += ["--proc", "/proc", "--dev", "/dev",
-                 "--size", str(lim.disk_bytes), "--tmpfs", "/tmp",
-                 "--size", str(lim.disk_bytes), "--tmpfs", "/work",
-                 "--dir", "/opt/agentrl", "--dir", "/run/agentrl", "--chdir", "/work",
-                 "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/work"]
+        args += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            str(lim.disk_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            str(lim.disk_bytes),
+            "--tmpfs",
+            "/work",
+            "--dir",
+            "/opt/agentrl",
+            "--dir",
+            "/run/agentrl",
+            "--chdir",
+            "/work",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/local/bin:/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            "/work",
+        ]
         return args
 
     def create(self) -> Sandbox:
@@ -243,7 +282,9 @@ class ProcessBackend:
                         cgroup.add(pid)
         except (TimeoutError, SandboxLost, OSError) as e:
             channel.destroy()
-            raise SandboxUnavailable(f"bubblewrap sandbox failed to start: {e or 'no ready line in time'}") from None
+            raise SandboxUnavailable(
+                f"bubblewrap sandbox failed to start: {e or 'no ready line in time'}"
+            ) from None
         return Sandbox(self.name, channel, self.limits, f"bwrap-{proc.pid}")
 
     def _spawn(self, cgroup: cgroups.SandboxCgroup | None) -> subprocess.Popen[bytes]:
@@ -260,8 +301,15 @@ class ProcessBackend:
         if self._as_nobody:
             kw = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
         try:
-            proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    pass_fds=pass_fds, close_fds=True, **kw)
+            proc = subprocess.Popen(
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                close_fds=True,
+                **kw,
+            )
         finally:
             os.close(r)
         with os.fdopen(w, "wb") as f:

@@ -81,7 +81,9 @@ class Limits:
         if self.cpu_time is not None and not (math.isfinite(self.cpu_time) and self.cpu_time > 0):
             raise ConfigError(f"Limits.cpu_time must be positive seconds or None, got {self.cpu_time!r}")
         if not (isinstance(self.pids, int) and self.pids >= 4):
-            raise ConfigError(f"Limits.pids must be an int >= 4 (the executor needs a few), got {self.pids!r}")
+            raise ConfigError(
+                f"Limits.pids must be an int >= 4 (the executor needs a few), got {self.pids!r}"
+            )
         if not (math.isfinite(self.cpus) and self.cpus > 0):
             raise ConfigError(f"Limits.cpus must be a positive number of cores, got {self.cpus!r}")
         if int(self.memory) < 32 << 20:
