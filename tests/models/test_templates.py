@@ -6,6 +6,8 @@ the hub file each one follows), including the quirks a session server has to liv
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 
 from agentrl.models import load_tokenizer
@@ -29,8 +31,13 @@ def call(expr: str, args_as_string: bool = False) -> dict:
     return {"id": f"call_{expr}", "type": "function", "function": {"name": "calc", "arguments": args}}
 
 
+@cache
+def _tokenizer(model: str):
+    return load_tokenizer(model)
+
+
 def render(model: str, messages: list[dict], **kwargs) -> str:
-    return load_tokenizer(model).apply_chat_template(messages, tokenize=False, **kwargs)
+    return _tokenizer(model).apply_chat_template(messages, tokenize=False, **kwargs)
 
 
 QWEN_TOOLS_BLOCK = (
