@@ -298,7 +298,7 @@ def field_help(cls: type) -> dict[str, str]:
         is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
         is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
         if is_field and is_doc:
-            out[node.target.id] = nxt.value.value.strip()  # type: ignore[attr-defined]
+            out[node.target.id] = nxt.value.value.strip()
     return out
 
 

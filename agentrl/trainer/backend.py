@@ -1,0 +1,432 @@
+"""The FSDP2 training backend: forward/backward/optimizer step on sharded (or whole) models.
+
+:class:`TrainBackend` is the narrow protocol the loop uses (``logprobs``,
+``train_step``, ``state_dict``, ``save``/``load``), so a Megatron backend can sit
+behind it later. :class:`FSDP2Backend` implements it with
+``torch.distributed.fsdp.fully_shard`` applied to every decoder layer and then
+the root when a process group of more than one rank exists (``torchrun``; gloo
+on CPU, NCCL on GPU). With world size 1 the model is trained unsharded in-process,
+which is the same maths without collective overhead (``shard="always"`` forces FSDP2
+even then). On GPU, parameters are computed in bf16 and gradients reduced in fp32
+(``MixedPrecisionPolicy``); on CPU everything is fp32 (bf16 matmuls are several
+times slower on CPUs without AMX).
+
+Exactness across micro-batches and ranks: each micro-batch loss is divided by
+the *global* token (or sequence) count of the mini-batch, summed over all ranks,
+and multiplied by the world size to undo FSDP's gradient averaging, so N ranks
+with micro-batches compute the same gradient as one rank with the whole batch.
+Ranks with fewer micro-batches run empty ones so collectives stay matched.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from agentrl.trainer import losses as L
+from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
+from agentrl.trainer.config import AlgoConfig, OptimConfig
+from agentrl.trainer.errors import BackendError, CheckpointError
+
+__all__ = ["FSDP2Backend", "TrainBackend", "ValueHead", "decoder_layers", "init_distributed"]
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=300)
+
+
+@runtime_checkable
+class TrainBackend(Protocol):
+    """What the training loop needs from a backend."""
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor: ...
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None: ...
+
+    def load(self, path: str | Path) -> dict[str, Any]: ...
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the ``torchrun`` process group if launched by it; returns ``(rank, world_size)``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+    except Exception as e:  # noqa: BLE001 - a rendezvous failure names the peer address
+        raise BackendError(
+            f"could not join the {backend} process group of {world} ranks at "
+            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}: {e}"
+        ) from e
+    return dist.get_rank(), dist.get_world_size()
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (``model.model.layers`` for Qwen/Llama)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise BackendError(f"{type(model).__name__} has no model.layers; cannot shard it per decoder layer")
+    return list(layers)
+
+
+class ValueHead(nn.Module):
+    """A scalar critic on the policy's last hidden state (shared trunk, as in PPO for LMs)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden).squeeze(-1)
+
+
+def _lr_lambda(warmup: int) -> Callable[[int], float]:
+    return lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+
+
+class FSDP2Backend:
+    """Trains an HF causal LM with the losses of :mod:`agentrl.trainer.losses`.
+
+    ``value_head=True`` adds a :class:`ValueHead` (PPO). ``ref_model`` (frozen)
+    enables the KL penalty. ``optimizer_factory`` defaults to AdamW.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        algo: AlgoConfig,
+        optim: OptimConfig,
+        *,
+        device: str | torch.device = "cpu",
+        value_head: bool = False,
+        ref_model: nn.Module | None = None,
+        shard: str = "auto",
+        activation_checkpointing: bool = False,
+        cpu_offload: bool = False,
+        optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    ) -> None:
+        self.algo, self.optim_cfg = algo, optim
+        self.device = torch.device(device)
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.model = model.to(self.device)
+        self.model.train()
+        if activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable()  # type: ignore[operator]
+        hidden = int(getattr(model.config, "hidden_size", 0))
+        self.value_head = ValueHead(hidden).to(self.device) if value_head else None
+        self.sharded = shard == "always" or (shard == "auto" and self.world > 1)
+        if self.sharded:
+            self._shard(cpu_offload)
+        self.ref_model = ref_model.to(self.device).eval() if ref_model is not None else None
+        if self.ref_model is not None:
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        if optimizer_factory is None:
+            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+                params, lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.99)
+            )
+        else:
+            self.optimizer = optimizer_factory(params)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
+        self.updates = 0
+
+    # ------------------------------------------------------------ setup
+
+    def _shard(self, cpu_offload: bool) -> None:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        if not dist.is_initialized():
+            raise BackendError("shard='always' needs an initialised process group (run under torchrun)")
+        kw: dict[str, Any] = {}
+        if self.device.type == "cuda":
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if cpu_offload:
+                kw["offload_policy"] = CPUOffloadPolicy()
+        for layer in decoder_layers(self.model):
+            fully_shard(layer, **kw)
+        fully_shard(self.model, **kw)
+        if self.value_head is not None:
+            fully_shard(self.value_head, **kw)
+
+    # ------------------------------------------------------------ forward
+
+    def _forward(
+        self, model: nn.Module, mb: TrainBatch, want_values: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(logp (B, T-1), logits (B, T-1, V), values (B, T-1) | None) scoring tokens 1..T-1."""
+        out = model(
+            input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_hidden_states=want_values, use_cache=False
+        )
+        logits = out.logits[:, :-1].float()
+        targets = mb.input_ids[:, 1:]
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        values = None
+        if want_values and self.value_head is not None:
+            # the value of the state before token t scores token t, like the logprob
+            values = self.value_head(out.hidden_states[-1][:, :-1].float())
+        return logp, logits, values
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Teacher-forced logprobs of every token under the current policy, ``(B, T)`` (column 0 is 0)."""
+        return self._score(self.model, batch)
+
+    @torch.no_grad()
+    def ref_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.ref_model is None:
+            raise BackendError("ref_logprobs needs a reference model (set kl_coef > 0)")
+        return self._score(self.ref_model, batch)
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        """Critic values in token coordinates ``(B, T)`` (PPO)."""
+        if self.value_head is None:
+            raise BackendError("values() needs a value head (algo='ppo')")
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for idx in token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens):
+            mb = batch.select(idx).to(self.device)
+            _, _, v = self._forward(self.model, mb, want_values=True)
+            assert v is not None
+            out[torch.tensor(idx)[:, None], torch.arange(1, mb.input_ids.shape[1])] = v.cpu()
+        return out
+
+    def _score(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
+        was_training = model.training
+        model.eval()
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        try:
+            for idx in token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens):
+                mb = batch.select(idx).to(self.device)
+                logp, _, _ = self._forward(model, mb)
+                out[torch.tensor(idx)[:, None], torch.arange(1, mb.input_ids.shape[1])] = logp.cpu()
+        finally:
+            model.train(was_training)
+        return out
+
+    # ------------------------------------------------------------ train
+
+    def _all_sum(self, x: float) -> float:
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def _all_max(self, x: int) -> int:
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.long, device=self.device if self.device.type == "cuda" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Epochs x mini-batches of optimizer updates on this rank's share of the batch."""
+        a = self.algo
+        n = len(batch)
+        if n % a.num_minibatches:
+            raise BackendError(f"batch of {n} rows does not split into num_minibatches={a.num_minibatches}")
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(a.epochs):
+            perm = torch.arange(n)
+            size = n // a.num_minibatches
+            for k in range(a.num_minibatches):
+                stats = self._update(batch.select(perm[k * size : (k + 1) * size]))
+                for key, v in stats.items():
+                    sums[key] = sums.get(key, 0.0) + v
+                count += 1
+        return {k: v / count for k, v in sums.items()}
+
+    def _update(self, batch: TrainBatch) -> dict[str, float]:
+        num_tokens = self._all_sum(float(batch.loss_mask[:, 1:].sum()))
+        num_seqs = self._all_sum(float(len(batch)))
+        if num_tokens == 0:
+            raise BackendError("mini-batch has no sampled tokens to train on (all loss masks are 0)")
+        groups = token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens)
+        n_mb = self._all_max(len(groups))
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        for i in range(n_mb):
+            if i < len(groups):
+                mb, weight = batch.select(groups[i]).to(self.device), 1.0
+            else:  # keep collectives matched across ranks
+                mb, weight = batch.select([0]).to(self.device), 0.0
+            loss, stats = self._micro_loss(mb, num_tokens, num_seqs)
+            (loss * weight * self.world).backward()
+            if weight:
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.updates += 1
+        stats = {k: self._all_sum(v) for k, v in totals.items()}
+        tok = max(num_tokens, 1.0)
+        out = {k: v / tok for k, v in stats.items() if k.endswith("_tok")}
+        out = {k.removesuffix("_tok"): v for k, v in out.items()}
+        out.update({k: v for k, v in stats.items() if not k.endswith("_tok")})
+        out["grad_norm"] = grad_norm
+        out["lr"] = float(self.scheduler.get_last_lr()[0])
+        return out
+
+    def _micro_loss(self, mb: TrainBatch, num_tokens: float, num_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's share of the mini-batch loss; stats are token-weighted sums (suffix ``_tok``)."""
+        a = self.algo
+        want_values = self.value_head is not None
+        logp, logits, values = self._forward(self.model, mb, want_values)
+        mask = mb.loss_mask[:, 1:]
+        old = mb.old_logp[:, 1:]
+        adv = mb.advantages[:, 1:]
+        agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        pg = L.policy_loss(
+            logp, old, adv, mask, kind=a.policy_loss, clip_low=a.clip_low, clip_high=a.clip_high,
+            dual_clip=a.dual_clip, agg=a.loss_agg, **agg,
+        )
+        loss = pg.loss
+        ntok = float(mask.sum())
+        stats = {f"{k}_tok": v * ntok for k, v in pg.stats.items()}
+        stats["pg_loss"] = float(pg.loss.detach())
+        with torch.no_grad():
+            diff = (logp - old).abs() * mask
+            stats["logprob_diff_tok"] = float(diff.sum())
+        if a.entropy_coef > 0:
+            ent = L.aggregate(L.entropy_from_logits(logits), mask, a.loss_agg, **agg)
+            loss = loss - a.entropy_coef * ent
+            stats["entropy"] = float(ent.detach())
+        else:
+            with torch.no_grad():
+                stats["entropy_tok"] = float((L.entropy_from_logits(logits) * mask).sum())
+        if a.kl_coef > 0:
+            if mb.ref_logp is None:
+                raise BackendError("kl_coef > 0 but the batch has no ref_logp; compute them with ref_logprobs()")
+            kl = L.aggregate(L.kl_penalty(logp, mb.ref_logp[:, 1:], a.kl_estimator), mask, a.loss_agg, **agg)
+            loss = loss + a.kl_coef * kl
+            stats["kl"] = float(kl.detach())
+        if want_values:
+            if values is None or mb.returns is None or mb.old_values is None:
+                raise BackendError("PPO batch needs returns and old_values")
+            vl = L.value_loss(values, mb.old_values[:, 1:], mb.returns[:, 1:], mask, clip=a.value_clip, agg=a.loss_agg, **agg)
+            loss = loss + a.vf_coef * vl.loss
+            stats["vf_loss"] = float(vl.loss.detach())
+        stats["loss"] = float(loss.detach())
+        return loss, stats
+
+    def _params(self) -> Iterator[nn.Parameter]:
+        yield from self.model.parameters()
+        if self.value_head is not None:
+            yield from self.value_head.parameters()
+
+    def _clip(self) -> float:
+        params = [p for p in self._params() if p.grad is not None]
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # ------------------------------------------------------------ weights and checkpoints
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) policy weights with HF names, on CPU when sharded; the engine loads these."""
+        if not self.sharded:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
+
+    def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+        """An HF directory (``config.json`` + ``model.safetensors``) plus ``trainer_state.pt``."""
+        path = Path(path)
+        full = self.state_dict()
+        optim_state = self._optim_state()
+        if self.rank != 0:
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / "trainer_state.pt.tmp"
+        save_pretrained = getattr(self.model, "save_pretrained", None)
+        if save_pretrained is None:
+            raise CheckpointError(f"{type(self.model).__name__} has no save_pretrained; need an HF model")
+        save_pretrained(str(path), state_dict=full, safe_serialization=True)
+        state = {
+            "optimizer": optim_state,
+            "scheduler": self.scheduler.state_dict(),
+            "updates": self.updates,
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+            "extra": extra or {},
+        }
+        torch.save(state, tmp)
+        os.replace(tmp, path / "trainer_state.pt")
+        (path / "agentrl_checkpoint.json").write_text(json.dumps({"updates": self.updates, **(extra or {}).get("meta", {})}))
+
+    def _optim_state(self) -> dict[str, Any]:
+        if not self.sharded:
+            return self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Restore weights, optimizer, scheduler and value head from :meth:`save`; returns ``extra``."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        st_file, state_file = path / "model.safetensors", path / "trainer_state.pt"
+        for f in (st_file, state_file):
+            if not f.exists():
+                raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f.name} is missing")
+        weights = load_file(str(st_file))
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            opts = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.model, dict(weights.items()), options=opts)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
+        else:
+            own = self.model.state_dict()
+            missing = [k for k in own if k not in weights]
+            # tied embeddings are saved once; fill them from their twin
+            for k in missing:
+                if k == "lm_head.weight" and "model.embed_tokens.weight" in weights:
+                    weights[k] = weights["model.embed_tokens.weight"]
+            try:
+                self.model.load_state_dict(weights, strict=True)
+            except RuntimeError as e:
+                raise CheckpointError(f"checkpoint {str(path)!r} does not match the model: {e}") from e
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = int(state["updates"])
+        if self.value_head is not None and state.get("value_head") is not None:
+            self.value_head.load_state_dict(state["value_head"])
+        return dict(state.get("extra") or {})
+
+

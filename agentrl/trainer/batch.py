@@ -1,0 +1,116 @@
+"""The training batch: trajectories padded into aligned ``(B, T)`` tensors.
+
+Everything is in *token coordinates*: column ``t`` describes token ``t`` of each
+row (its id, whether it was sampled, its rollout logprob, its advantage). The
+backend shifts by one internally (logits at ``t - 1`` score token ``t``).
+Rows are right-padded; padding has ``attention_mask == 0`` and ``loss_mask == 0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from agentrl.trainer.errors import BackendError
+from agentrl.types import Trajectory
+
+__all__ = ["TrainBatch", "from_trajectories", "token_budget_microbatches"]
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor
+    """(B, T) long"""
+    attention_mask: torch.Tensor
+    """(B, T) long, 1 on real tokens"""
+    loss_mask: torch.Tensor
+    """(B, T) float, 1 on sampled tokens that are trained"""
+    old_logp: torch.Tensor
+    """(B, T) float, behaviour-policy logprob of each sampled token (rollout logprobs)"""
+    advantages: torch.Tensor
+    """(B, T) float"""
+    ref_logp: torch.Tensor | None = None
+    """(B, T) reference-model logprobs, only when a KL penalty is on"""
+    old_values: torch.Tensor | None = None
+    """(B, T) critic values at rollout time (PPO)"""
+    returns: torch.Tensor | None = None
+    """(B, T) value targets (PPO)"""
+    token_rewards: torch.Tensor | None = None
+    """(B, T) per-token rewards, the episode reward on the last sampled token (PPO/GAE)"""
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.attention_mask.sum(-1)
+
+    def select(self, idx: Sequence[int] | torch.Tensor) -> TrainBatch:
+        """Rows ``idx``, trimmed to their longest row."""
+        index = torch.as_tensor(idx, dtype=torch.long)
+        width = int(self.attention_mask[index].sum(-1).max()) if len(index) else 1
+        kw: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kw[f.name] = None if v is None else v[index, :width]
+        return TrainBatch(**kw)
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        kw: dict[str, Any] = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device)) for f in fields(self)}
+        return replace(self, **kw)
+
+
+def from_trajectories(
+    trajs: Sequence[Trajectory], advantages: Sequence[float] | torch.Tensor, *, pad_id: int = 0
+) -> TrainBatch:
+    """Pad trajectories into a batch; each episode's scalar advantage covers its sampled tokens."""
+    if not trajs:
+        raise BackendError("cannot build a training batch from 0 trajectories")
+    if len(advantages) != len(trajs):
+        raise BackendError(f"{len(advantages)} advantages for {len(trajs)} trajectories; they must match")
+    T = max(len(t.token_ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    att = torch.zeros(B, T, dtype=torch.long)
+    lm = torch.zeros(B, T)
+    olp = torch.zeros(B, T)
+    adv = torch.zeros(B, T)
+    rew = torch.zeros(B, T)
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[i, :n] = torch.tensor(t.token_ids)
+        att[i, :n] = 1
+        m = torch.tensor(t.loss_mask, dtype=torch.float32)
+        m[0] = 0.0  # token 0 has no context to be predicted from
+        lm[i, :n] = m
+        olp[i, :n] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
+        adv[i, :n] = float(advantages[i]) * m
+        sampled = m.nonzero()
+        if len(sampled):
+            rew[i, int(sampled[-1])] = t.reward
+    return TrainBatch(ids, att, lm, olp, adv, token_rewards=rew)
+
+
+def token_budget_microbatches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Split rows into micro-batches whose padded size ``rows * longest`` stays within ``budget``.
+
+    Rows are taken longest first so that rows of similar length share a micro-batch
+    (little padding). A row longer than the budget gets a micro-batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        n = int(lengths[i])
+        if cur and max(longest, n) * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        out.append(cur)
+    return out

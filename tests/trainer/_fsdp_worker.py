@@ -1,0 +1,37 @@
+"""torchrun worker: one FSDP2 update on this rank's rows of the fixed batch; rank 0 saves the weights."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _tiny import fixed_batch, tiny_model  # noqa: E402
+
+from agentrl.trainer.backend import FSDP2Backend, init_distributed  # noqa: E402
+from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    rank, world = init_distributed()
+    model = tiny_model()
+    batch = fixed_batch()
+    batch.old_logp = torch.load(out + ".old.pt")
+    mine = batch.select(list(range(rank, len(batch), world)))
+    be = FSDP2Backend(
+        model, AlgoConfig(), OptimConfig(micro_batch_tokens=40), shard="always",
+        optimizer_factory=lambda ps: torch.optim.SGD(ps, lr=0.5),
+    )
+    stats = be.train_step(mine)
+    sd = be.state_dict()
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in sd.items()}, out)
+        torch.save(stats, out + ".stats.pt")
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

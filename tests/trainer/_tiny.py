@@ -1,0 +1,33 @@
+"""A tiny Qwen2 causal LM and a synthetic batch, built locally for trainer tests."""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from agentrl.trainer.batch import TrainBatch
+
+VOCAB = 64
+
+
+def tiny_model(seed: int = 0, layers: int = 2) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def fixed_batch(n: int = 8, seed: int = 1) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 20, (n,), generator=g)
+    T = int(lengths.max())
+    ids = torch.randint(1, VOCAB, (n, T), generator=g)
+    att = (torch.arange(T)[None] < lengths[:, None]).long()
+    ids = ids * att
+    lm = torch.zeros(n, T)
+    for i, L in enumerate(lengths.tolist()):
+        lm[i, 4:L] = 1.0  # prompt of 4 tokens, the rest sampled
+    adv = torch.randn(n, 1, generator=g).expand(n, T) * lm
+    return TrainBatch(ids, att, lm, torch.zeros(n, T), adv.contiguous())
