@@ -68,8 +68,34 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_verified: dict[tuple[Path, str], tuple[tuple[str, int, int], ...]] = {}
+"""Directories whose hashes were checked in this process, with the file stats they had then."""
+
+
+def _stats(path: Path) -> tuple[tuple[str, int, int], ...]:
+    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file()))
+
+
 def check_entry(path: Path, name: str) -> str | None:
-    """``None`` when ``path`` holds a complete, intact build of ``name``; otherwise what is wrong."""
+    """``None`` when ``path`` holds a complete, intact build of ``name``; otherwise what is wrong.
+
+    Hashes are checked once per process; later calls re-hash only when a file's size or mtime changed.
+    """
+    try:
+        if _verified.get((path, name)) == _stats(path):
+            return None
+    except OSError:
+        pass
+    problem = _check_entry(path, name)
+    if problem is None:
+        with contextlib.suppress(OSError):
+            _verified[(path, name)] = _stats(path)
+    else:
+        _verified.pop((path, name), None)
+    return problem
+
+
+def _check_entry(path: Path, name: str) -> str | None:
     manifest_path = path / MANIFEST
     if not path.is_dir() or not any(path.iterdir()):
         return "missing"
