@@ -131,7 +131,7 @@ _ENTRIES = (
     ModelSpec(
         name="tiny",
         family="qwen3",
-        description="default demo model: Qwen3 architecture, ~3.4M params, BPE vocab, ChatML + tools + <think>",
+        description="default demo model: Qwen3 architecture, ~3.2M params, BPE vocab, ChatML + tools + <think>",
         format_source=_QWEN3_SRC,
         arch="qwen3",
         hidden_size=256,
