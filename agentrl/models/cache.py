@@ -73,7 +73,9 @@ _verified: dict[tuple[Path, str], tuple[tuple[str, int, int], ...]] = {}
 
 
 def _stats(path: Path) -> tuple[tuple[str, int, int], ...]:
-    return tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file()))
+    return tuple(
+        sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in path.iterdir() if f.is_file())
+    )
 
 
 def check_entry(path: Path, name: str) -> str | None:

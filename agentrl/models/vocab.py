@@ -119,7 +119,9 @@ def _split_rank(ranks: dict[bytes, int], token: bytes, rank: int) -> tuple[bytes
             break
         parts[best : best + 2] = [parts[best] + parts[best + 1]]
     if len(parts) != 2:
-        raise ModelError(f"qwen.tiktoken: token {token!r} (rank {rank}) cannot be built from two lower-ranked tokens")
+        raise ModelError(
+            f"qwen.tiktoken: token {token!r} (rank {rank}) cannot be built from two lower-ranked tokens"
+        )
     return parts[0], parts[1]
 
 
