@@ -303,3 +303,19 @@ def test_glm4_does_not_render_openai_tool_messages(built):
     assert render("tiny-glm4", PARALLEL) == (
         "[gMASK]<sop><|user|>\nWhat are 2+3 and 2*3?<|assistant|>\n<|assistant|>\n5 and 6."
     )
+
+
+def test_glm4_joins_several_tools_and_accepts_bare_functions(built):
+    tools = [
+        {"type": "function", "function": {"name": "a", "parameters": {}}},
+        {"name": "b", "parameters": {}},
+    ]
+    assert render("tiny-glm4", [{"role": "user", "content": "q"}], tools=tools) == (
+        "[gMASK]<sop><|system|>\n# \u53ef\u7528\u5de5\u5177\n\n"
+        '## a\n\n{\n    "name": "a",\n    "parameters": {}\n}\n'
+        "\u5728\u8c03\u7528\u4e0a\u8ff0\u51fd\u6570\u65f6\uff0c\u8bf7\u4f7f\u7528 Json "
+        "\u683c\u5f0f\u8868\u793a\u8c03\u7528\u7684\u53c2\u6570\u3002\n"
+        '## b\n\n{\n    "name": "b",\n    "parameters": {}\n}\n'
+        "\u5728\u8c03\u7528\u4e0a\u8ff0\u51fd\u6570\u65f6\uff0c\u8bf7\u4f7f\u7528 Json "
+        "\u683c\u5f0f\u8868\u793a\u8c03\u7528\u7684\u53c2\u6570\u3002<|user|>\nq"
+    )
