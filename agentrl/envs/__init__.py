@@ -2,9 +2,13 @@
 
 Public API::
 
-    Env, ToolEnv, StepResult, tool              # write an environment
+    Env, ToolEnv, StepResult, tool, Rubric      # write an environment
+    GymnasiumTextEnv                            # play a discrete-action gymnasium env in text
     register, make, spec, list_envs, EnvSpec    # the registry (ids like "countdown-v0")
-    check_env                                   # the conformance checker
+    check_env, CheckReport                      # the conformance checker
+    RemoteEnv                                   # an episode on an env server, used like a local Env
+
+The server itself lives in ``agentrl.envs.server`` (imported on demand: FastAPI).
 
 Importing this package loads the shipped environments (``environments.*``) and
 entry-point plugins, and registers each id in gymnasium as ``agentrl/<id>``.
@@ -12,6 +16,8 @@ entry-point plugins, and registers each id in gymnasium as ``agentrl/<id>``.
 
 from __future__ import annotations
 
+from agentrl.envs.checker import CheckReport, check_env
+from agentrl.envs.client import RemoteEnv
 from agentrl.envs.core import Env, MessageSpace, MessagesSpace, StepResult
 from agentrl.envs.errors import (
     EnvCheckError,
@@ -21,6 +27,7 @@ from agentrl.envs.errors import (
     EnvServerError,
     EnvTimeoutError,
     EpisodeDoneError,
+    EpisodeTimeoutError,
     InvalidActionError,
     RegistrationError,
     RemoteEnvError,
@@ -29,10 +36,13 @@ from agentrl.envs.errors import (
     ToolError,
     UnknownEnvError,
 )
+from agentrl.envs.gym_bridge import GymnasiumTextEnv
 from agentrl.envs.registry import EnvSpec, list_envs, load_errors, load_plugins, make, register, spec
+from agentrl.envs.rubric import Rubric
 from agentrl.envs.tools import Tool, ToolEnv, tool, tool_spec
 
 __all__ = [
+    "CheckReport",
     "Env",
     "EnvCheckError",
     "EnvConnectionError",
@@ -42,18 +52,23 @@ __all__ = [
     "EnvSpec",
     "EnvTimeoutError",
     "EpisodeDoneError",
+    "EpisodeTimeoutError",
+    "GymnasiumTextEnv",
     "InvalidActionError",
     "MessageSpace",
     "MessagesSpace",
     "RegistrationError",
+    "RemoteEnv",
     "RemoteEnvError",
     "ResetNeededError",
+    "Rubric",
     "ServerBusyError",
     "StepResult",
     "Tool",
     "ToolEnv",
     "ToolError",
     "UnknownEnvError",
+    "check_env",
     "list_envs",
     "load_errors",
     "load_plugins",

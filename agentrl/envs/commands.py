@@ -42,6 +42,15 @@ def _check_env(args: argparse.Namespace) -> int:
 
 
 def _serve_env(args: argparse.Namespace) -> int:
+    import importlib
+
+    from agentrl.errors import ConfigError
+
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"--import {module}: {e}; is it on PYTHONPATH?") from e
     from agentrl.envs.server import serve
     from agentrl.envs.server_config import ServerConfig
 
@@ -51,6 +60,7 @@ def _serve_env(args: argparse.Namespace) -> int:
         step_timeout_s=args.step_timeout,
         episode_ttl_s=args.ttl,
         max_body_bytes=args.max_body_bytes,
+        expose_oracle=args.expose_oracle,
     )
     serve(config, host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -82,5 +92,9 @@ def register(sub: Any) -> None:
                    help=f"idle seconds before an episode is reaped (default {d.episode_ttl_s})")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help=f"largest accepted request body (default {d.max_body_bytes})")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (it registers your envs); repeatable")
+    p.add_argument("--expose-oracle", action="store_true",
+                   help="serve POST /episodes/{id}/oracle (gold actions; leaks answers, off by default)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(func=_serve_env)

@@ -14,8 +14,9 @@
         ├── EnvCheckError (AssertionError)   ``check_env`` found a violation (message names check, cause, fix)
         └── RemoteEnvError                   the env server client failed
             ├── EnvConnectionError           could not connect / connection dropped (safe to retry a create)
-            ├── EnvTimeoutError              connect or read deadline passed, or the server's step deadline
-            └── EnvServerError               the server answered 4xx/5xx; ``status`` and ``detail`` kept
+            ├── EnvTimeoutError              connect or read deadline passed (client side)
+            └── EnvServerError               the server answered 4xx/5xx; ``status``, ``detail``, ``infra_error``
+                ├── EpisodeTimeoutError      504: the server's per-step deadline passed (infra_error "timeout")
                 └── ServerBusyError          429/503: the live-episode cap is reached
 
 Model mistakes (a malformed tool call, an unparsable answer) are *not* exceptions:
@@ -35,6 +36,7 @@ __all__ = [
     "EnvServerError",
     "EnvTimeoutError",
     "EpisodeDoneError",
+    "EpisodeTimeoutError",
     "InvalidActionError",
     "RegistrationError",
     "RemoteEnvError",
@@ -97,12 +99,22 @@ class EnvTimeoutError(RemoteEnvError):
 
 
 class EnvServerError(RemoteEnvError):
-    """The env server answered with an error status."""
+    """The env server answered with an error status.
 
-    def __init__(self, message: str, *, status: int, detail: str) -> None:
+    ``infra_error`` is set when the server classified the failure as an
+    infrastructure error of the episode (``"timeout"``, ``"env_error"``): the
+    trainer retries such an episode on a fresh env instead of scoring it.
+    """
+
+    def __init__(self, message: str, *, status: int, detail: str, infra_error: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.detail = detail
+        self.infra_error = infra_error
+
+
+class EpisodeTimeoutError(EnvServerError, EnvTimeoutError):
+    """The server's per-step deadline passed; the episode is marked ``infra_error: timeout``."""
 
 
 class ServerBusyError(EnvServerError):

@@ -25,6 +25,8 @@ class ServerConfig:
     """Largest accepted request body; bigger ones answer 413."""
     reap_interval_s: float = 5.0
     """How often idle episodes are looked for."""
+    expose_oracle: bool = False
+    """Serve POST /episodes/{id}/oracle (the gold action); off by default since it leaks the answer."""
 
     def __post_init__(self) -> None:
         if not self.env_ids:
