@@ -1,0 +1,482 @@
+"""SGLangEngine: the Engine protocol over SGLang's native HTTP API, and a launcher for SGLang servers.
+
+The same client serves a real SGLang server (GPU machines) and ``agentrl serve-engine``
+(which speaks the same subset). Deadlines: every call has one (``timeout_s`` for
+generation and weight updates, ``connect_timeout_s`` to connect). Retries only where
+safe: a request that never reached the server (connection refused / connect timeout)
+is retried with backoff; idempotent reads (``/health``, ``/get_model_info``) are also
+retried on read errors and 502/503. A generation that times out is aborted on the
+server (``/abort_request``) and raised as :class:`EngineTimeoutError`; it is never
+retried. Weight updates are never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from agentrl.engines import errors as engine_errors
+from agentrl.engines.errors import (
+    EngineError,
+    EngineRequestError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    WeightUpdateError,
+)
+from agentrl.engines.hf import SamplingLike, parse_sampling
+from agentrl.engines.protocol import FinishReason, Generation
+from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
+from agentrl.types import SamplingParams
+
+__all__ = [
+    "SGLangEngine",
+    "SGLangServer",
+    "launch_server",
+    "launch_sglang_server",
+    "sglang_command",
+    "to_sglang_sampling",
+]
+
+_RETRY_ALWAYS = (httpx.ConnectError, httpx.ConnectTimeout)
+_RETRY_IDEMPOTENT = (*_RETRY_ALWAYS, httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError)
+
+
+def to_sglang_sampling(params: SamplingParams) -> dict[str, Any]:
+    """agentrl ``SamplingParams`` as SGLang ``sampling_params``."""
+    out: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+    }
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        out["sampling_seed"] = params.seed
+    return out
+
+
+def _int_version(v: Any, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+class SGLangEngine:
+    """Engine protocol over HTTP (see the module docstring). ``base_url`` like ``http://127.0.0.1:30000``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        retries: int = 3,
+        api_key: str | None = None,
+        weight_version: int = 0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            headers=headers,
+        )
+        self._version = weight_version
+        self._groups: dict[str, Any] = {}
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    # ------------------------------------------------------------------ HTTP plumbing
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        idempotent: bool = False,
+        timeout_s: float | None = None,
+    ) -> httpx.Response:
+        retryable = _RETRY_IDEMPOTENT if idempotent else _RETRY_ALWAYS
+        timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self._client.timeout.connect)
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._client.request(method, path, json=body, timeout=timeout)
+            except retryable as e:
+                if attempt == self.retries:
+                    raise EngineUnavailableError(
+                        f"{method} {self.base_url}{path} failed after {attempt + 1} attempts: {type(e).__name__}: {e}"
+                    ) from e
+            except httpx.TimeoutException as e:
+                raise EngineTimeoutError(
+                    f"{method} {self.base_url}{path} exceeded its deadline of {timeout_s or self.timeout_s} s"
+                ) from e
+            except httpx.HTTPError as e:
+                raise EngineUnavailableError(
+                    f"{method} {self.base_url}{path} failed: {type(e).__name__}: {e}"
+                ) from e
+            else:
+                if not (idempotent and resp.status_code in (502, 503) and attempt < self.retries):
+                    return resp
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _raise_for(self, resp: httpx.Response, path: str) -> None:
+        if resp.status_code < 400:
+            return
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {"error": {"message": resp.text}}
+        err = body.get("error") if isinstance(body, dict) else None
+        message = (err or {}).get("message") if isinstance(err, dict) else None
+        message = message or (body.get("message") if isinstance(body, dict) else None) or resp.text
+        kind = (err or {}).get("type") if isinstance(err, dict) else None
+        where = f"{self.base_url}{path} answered {resp.status_code}: {message}"
+        cls = getattr(engine_errors, kind, None) if isinstance(kind, str) else None
+        if isinstance(cls, type) and issubclass(cls, EngineError):
+            raise cls(where)
+        if resp.status_code == 504:
+            raise EngineTimeoutError(where)
+        if 400 <= resp.status_code < 500:
+            raise EngineRequestError(where)
+        raise EngineUnavailableError(where)
+
+    # ------------------------------------------------------------------ Engine protocol
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
+    ) -> Generation:
+        params = parse_sampling(sampling)
+        rid = request_id or uuid.uuid4().hex
+        body = {
+            "input_ids": list(input_ids),
+            "sampling_params": to_sglang_sampling(params),
+            "return_logprob": True,
+            "rid": rid,
+        }
+        try:
+            resp = await self._call("POST", "/generate", body)
+        except (EngineTimeoutError, asyncio.CancelledError):
+            await self._abort_quietly(rid)
+            raise
+        self._raise_for(resp, "/generate")
+        return self._generation(resp.json(), rid, len(input_ids))
+
+    def _generation(self, out: dict[str, Any], rid: str, prompt_len: int) -> Generation:
+        meta = out.get("meta_info", {})
+        pairs = meta.get("output_token_logprobs") or []
+        output_ids = list(out.get("output_ids") or [int(p[1]) for p in pairs])
+        if len(pairs) != len(output_ids):
+            raise EngineUnavailableError(
+                f"{self.base_url}/generate returned {len(output_ids)} output ids but {len(pairs)} logprobs"
+            )
+        version = _int_version(meta.get("weight_version"), self._version)
+        self._version = max(self._version, version)
+        versions = meta.get("output_token_weight_versions") or [version] * len(output_ids)
+        fr = meta.get("finish_reason") or {}
+        kind = fr.get("type") if isinstance(fr, dict) else fr
+        reason: FinishReason = kind if kind in ("stop", "length", "abort") else "stop"
+        return Generation(
+            output_ids=output_ids,
+            logprobs=[float(p[0]) for p in pairs],
+            finish_reason=reason,
+            weight_version=version,
+            weight_versions=[int(v) for v in versions],
+            request_id=str(meta.get("id") or rid),
+            prompt_tokens=int(meta.get("prompt_tokens", prompt_len)),
+            meta={"cached_tokens": meta.get("cached_tokens", 0), "e2e_s": meta.get("e2e_latency", 0.0)},
+        )
+
+    async def _abort_quietly(self, rid: str) -> None:
+        with contextlib.suppress(EngineError, asyncio.CancelledError):
+            await asyncio.shield(self._call("POST", "/abort_request", {"rid": rid}, timeout_s=10.0))
+
+    async def abort(self, request_id: str) -> bool:
+        """Ask the server to stop a request; its ``generate`` returns the partial output ("abort")."""
+        resp = await self._call("POST", "/abort_request", {"rid": request_id}, timeout_s=30.0)
+        self._raise_for(resp, "/abort_request")
+        return True
+
+    async def health(self) -> dict[str, Any]:
+        resp = await self._call("GET", "/health", idempotent=True, timeout_s=30.0)
+        if resp.status_code != 200:
+            return {"status": "unhealthy", "http_status": resp.status_code, "url": self.base_url}
+        return {"status": "ok", "url": self.base_url, "weight_version": self._version}
+
+    async def model_info(self) -> dict[str, Any]:
+        resp = await self._call("GET", "/get_model_info", idempotent=True, timeout_s=30.0)
+        self._raise_for(resp, "/get_model_info")
+        info: dict[str, Any] = resp.json()
+        return info
+
+    async def flush_cache(self) -> None:
+        resp = await self._call("POST", "/flush_cache", timeout_s=60.0)
+        self._raise_for(resp, "/flush_cache")
+
+    # ------------------------------------------------------------------ weights
+
+    async def update_weights(
+        self,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        version: int | None = None,
+        group_name: str = "weight_update_group",
+        bucket_bytes: int = 512 << 20,
+    ) -> int:
+        """From a safetensors directory the server can read (``path``), or broadcast ``state_dict``
+        through a group made by :meth:`init_weights_update_group`. Returns the new version."""
+        if (state_dict is None) == (path is None):
+            raise WeightUpdateError("update_weights needs exactly one of state_dict=... or path=...")
+        if path is not None:
+            return await self.update_weights_from_disk(path, version=version)
+        assert state_dict is not None
+        return await self.update_weights_from_distributed(
+            state_dict, group_name=group_name, bucket_bytes=bucket_bytes, version=version
+        )
+
+    async def update_weights_from_disk(
+        self, path: str | os.PathLike[str], *, version: int | None = None, abort_all_requests: bool = False
+    ) -> int:
+        new_version = self._version + 1 if version is None else version
+        body = {
+            "model_path": str(path),
+            "weight_version": str(new_version),
+            "abort_all_requests": abort_all_requests,
+        }
+        resp = await self._call("POST", "/update_weights_from_disk", body)
+        self._raise_weight_update(resp, "/update_weights_from_disk")
+        self._version = new_version
+        return new_version
+
+    def _raise_weight_update(self, resp: httpx.Response, path: str) -> None:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {}
+        if resp.status_code == 200 and body.get("success", True):
+            return
+        message = body.get("message") or (body.get("error") or {}).get("message") or resp.text
+        raise WeightUpdateError(f"{self.base_url}{path} rejected the update ({resp.status_code}): {message}")
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        *,
+        world_size: int = 2,
+        rank_offset: int = 1,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+    ) -> Any:
+        """Create the trainer side (rank 0) of the weight broadcast group while the server joins it."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        post = asyncio.create_task(
+            self._call("POST", "/init_weights_update_group", body, timeout_s=timeout_s + 10)
+        )
+        local = asyncio.create_task(
+            asyncio.to_thread(
+                init_weight_update_group,
+                master_address,
+                master_port,
+                0,
+                world_size,
+                backend,
+                timeout_s,
+                group_name,
+            )
+        )
+        done, _ = await asyncio.wait({post, local}, return_when=asyncio.FIRST_EXCEPTION)
+        if post in done and post.exception() is None:
+            self._raise_weight_update(post.result(), "/init_weights_update_group")  # fail fast on a rejection
+        resp = await post
+        self._raise_weight_update(resp, "/init_weights_update_group")
+        group = await local
+        self._groups[group_name] = group
+        return group
+
+    async def update_weights_from_distributed(
+        self,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        *,
+        group_name: str = "weight_update_group",
+        bucket_bytes: int = 512 << 20,
+        version: int | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Broadcast tensors in buckets; the last bucket commits them (one version bump)."""
+        group = self._groups.get(group_name)
+        if group is None:
+            raise WeightUpdateError(
+                f"no weight update group {group_name!r}; call init_weights_update_group(...) first"
+            )
+        deadline = timeout_s or self.timeout_s
+        new_version = self._version + 1 if version is None else version
+        buckets = list(bucket_tensors(named_tensors, bucket_bytes))
+        if not buckets:
+            raise WeightUpdateError("the weight update is empty; pass at least one named tensor")
+        for i, bucket in enumerate(buckets):
+            last = i == len(buckets) - 1
+            body = {
+                "names": [n for n, _ in bucket],
+                "dtypes": [dtype_name(t.dtype) for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket],
+                "group_name": group_name,
+                "flush_cache": last,
+                "weight_version": str(new_version) if last else None,
+            }
+            post = asyncio.create_task(
+                self._call("POST", "/update_weights_from_distributed", body, timeout_s=deadline)
+            )
+            await asyncio.to_thread(broadcast_bucket, group, [t for _, t in bucket], deadline)
+            self._raise_weight_update(await post, "/update_weights_from_distributed")
+        self._version = new_version
+        return new_version
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        from agentrl.engines.weights import destroy_weight_update_group
+
+        resp = await self._call(
+            "POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s=60.0
+        )
+        group = self._groups.pop(group_name, None)
+        if group is not None:
+            destroy_weight_update_group(group)
+        self._raise_weight_update(resp, "/destroy_weights_update_group")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> SGLangEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+# ---------------------------------------------------------------------- launchers
+
+
+@dataclass
+class SGLangServer:
+    """A server process started by :func:`launch_server` and the URL it answers on."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    log_path: Path
+
+    def engine(self, **kwargs: Any) -> SGLangEngine:
+        return SGLangEngine(self.base_url, **kwargs)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout_s)
+
+    def __enter__(self) -> SGLangServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def sglang_command(
+    model_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    tp_size: int = 1,
+    dtype: str | None = None,
+    mem_fraction_static: float | None = None,
+    seed: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The ``python -m sglang.launch_server`` command line agentrl uses: token ids in and out."""
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
+           "--port", str(port), "--tp-size", str(tp_size), "--skip-tokenizer-init"]  # fmt: skip
+    if dtype:
+        cmd += ["--dtype", dtype]
+    if mem_fraction_static is not None:
+        cmd += ["--mem-fraction-static", str(mem_fraction_static)]
+    if seed is not None:
+        cmd += ["--random-seed", str(seed)]
+    return cmd + list(extra_args)
+
+
+def launch_server(
+    cmd: Sequence[str], base_url: str, *, startup_timeout_s: float = 600.0, log_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SGLangServer:  # fmt: skip
+    """Start ``cmd`` and wait until ``base_url/health`` answers 200; a process that exits early raises."""
+    log_path = (
+        log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"agentrl-engine-{uuid.uuid4().hex[:8]}.log"
+    )
+    log = open(log_path, "wb")  # noqa: SIM115 - the child process owns it
+    proc = subprocess.Popen(
+        list(cmd), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
+    log.close()
+    server = SGLangServer(proc, base_url.rstrip("/"), log_path)
+    deadline = time.monotonic() + startup_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise EngineUnavailableError(
+                f"engine server exited with code {proc.returncode} while starting:\n{tail}"
+            )
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=2.0).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    server.stop()
+    raise EngineTimeoutError(
+        f"engine server at {base_url} not healthy within {startup_timeout_s} s (log: {log_path})"
+    )
+
+
+def launch_sglang_server(model_path: str, *, host: str = "127.0.0.1", port: int = 30000, startup_timeout_s: float = 900.0,
+                         **kwargs: Any) -> SGLangServer:  # fmt: skip
+    """Start a real SGLang server (GPU machines, ``pip install 'agentrl[sglang]'``); see :func:`sglang_command`."""
+    if importlib.util.find_spec("sglang") is None:
+        raise EngineUnavailableError(
+            "SGLang is not installed; on a GPU machine run pip install 'agentrl[sglang]', "
+            "or use `agentrl serve-engine` (the embedded engine behind the same HTTP API)"
+        )
+    cmd = sglang_command(model_path, host=host, port=port, **kwargs)
+    return launch_server(cmd, f"http://{host}:{port}", startup_timeout_s=startup_timeout_s)
