@@ -202,8 +202,10 @@ def _child_setup(req: dict, fds: list[int]) -> None:
     if fsize > 0:
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     memory = int(req.get("memory") or 0)
-    if memory > 0:
-        # Address space, with head room for the interpreter's own mappings; the cgroup is the hard wall.
+    if memory > 0 and _read_counter("oom_kill") < 0:
+        # No memory cgroup is visible, so cap each run's address space instead. (With a cgroup we
+        # do not: RLIMIT_AS also counts reserved-but-unused mappings such as per-thread malloc
+        # arenas, so threaded code would fail long before it used the memory it is allowed.)
         limit = memory + 64 * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     cpu = float(req.get("cpu_time") or 0)
@@ -457,6 +459,7 @@ class Executor:
             worker.kill()
             worker.close()
         _kill_strays({self.session.pid} if self.session is not None else set())
+        result["is_cmd"] = req.get("cmd") is not None
         result["oom"] = _counter_grew("oom_kill", counters[0])
         result["pids_refused"] = _counter_grew("pids_max", counters[1])
         result["reason"] = _classify(result)
@@ -596,13 +599,14 @@ def _classify(r: dict) -> str:
     if r["killed_for"] in ("timeout", "output_limit", "cpu_time"):
         return r["killed_for"]
     sig, exc, err = r["signal"], r["exc"], r["errno"]
-    if sig == signal.SIGXCPU:
+    if sig == signal.SIGXCPU or r.get("is_cmd") and r["exit_code"] == 128 + signal.SIGXCPU:
         return "cpu_time"
     if exc == "MemoryError" or r["oom"] and (sig == signal.SIGKILL or r["exit_code"] not in (0, None)):
         return "memory"
     if r["pids_refused"] and (r["exit_code"] not in (0, None) or sig is not None or exc):
         return "pids"
-    if sig == signal.SIGXFSZ or err == errno.EFBIG:
+    shell_sig = r["exit_code"] - 128 if r.get("is_cmd") and (r["exit_code"] or 0) > 128 else None
+    if sig == signal.SIGXFSZ or err == errno.EFBIG or shell_sig == signal.SIGXFSZ:
         return "file_size"
     if err == errno.ENOSPC:
         return "disk_full"

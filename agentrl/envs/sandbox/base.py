@@ -288,6 +288,7 @@ class Sandbox:
                 return None
             except (SandboxLost, OSError, ValueError) as e:
                 self._lose()
+                self._check_usable()  # a lease that expired mid-run says so
                 raise SandboxLost(
                     f"sandbox {self.ident} ({self._channel.describe()}) died or broke protocol: {e}; "
                     "it was destroyed, acquire a new one"

@@ -296,7 +296,7 @@ class ProcessBackend:
             for name, path in cgroup.counter_files().items():
                 if path.exists():
                     args += ["--ro-bind", str(path), f"/run/agentrl/{name}"]
-        args += [self.python, "-I", "-S", EXECUTOR_IN_SANDBOX]
+        args += ["--remount-ro", "/", self.python, "-I", "-S", EXECUTOR_IN_SANDBOX]
         kw: dict[str, Any] = {}
         if self._as_nobody:
             kw = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
