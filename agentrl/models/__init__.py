@@ -46,7 +46,7 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or os.sep in name and os.path.exists(os.path.expanduser(name))
 
 
-def resolve(name_or_path: str) -> str:
+def resolve(name_or_path: str | os.PathLike[str]) -> str:
     """The directory or hub id ``from_pretrained`` should load for ``name_or_path``.
 
     - a catalogue name (``tiny``, ``tiny-qwen3``, ...): its cache directory, built or repaired first;
@@ -54,6 +54,8 @@ def resolve(name_or_path: str) -> str:
     - a name without ``/`` that is neither: :class:`ModelError` listing the known names;
     - anything else (``Qwen/Qwen3-0.6B``): returned unchanged, for the hub.
     """
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ModelError(f"a model must be a catalogue name, hub id or directory, got {name_or_path!r}")
     if name_or_path in MODELS:
@@ -74,7 +76,7 @@ def resolve(name_or_path: str) -> str:
     return name_or_path
 
 
-def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
+def load_tokenizer(name_or_path: str | os.PathLike[str], **kwargs: Any) -> Any:
     """``AutoTokenizer.from_pretrained(resolve(name_or_path))``; extra kwargs go to ``from_pretrained``."""
     from transformers import AutoTokenizer
 
@@ -82,7 +84,7 @@ def load_tokenizer(name_or_path: str, **kwargs: Any) -> Any:
 
 
 def load_model(
-    name_or_path: str, dtype: torch.dtype | None = None, device: str = "cpu", **kwargs: Any
+    name_or_path: str | os.PathLike[str], dtype: torch.dtype | None = None, device: str = "cpu", **kwargs: Any
 ) -> Any:
     """``AutoModelForCausalLM.from_pretrained(resolve(name_or_path))`` in ``dtype`` (fp32 default) on ``device``, in eval mode."""
     import torch

@@ -124,9 +124,15 @@ def _check_entry(path: Path, name: str) -> str | None:
 
 @contextlib.contextmanager
 def _locked(target: Path) -> Iterator[None]:
-    target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent / f".{target.name}.lock"
-    with lock_path.open("a") as fh:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fh = lock_path.open("a")
+    except OSError as e:
+        raise ModelError(
+            f"cannot create the model cache lock {lock_path}: {e}; set AGENTRL_HOME (or --out) to a writable directory"
+        ) from e
+    with fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -217,7 +223,13 @@ def build(name: str, out: Path | None = None, force: bool = False, progress: Pro
                     f"model {name!r} at {target} is damaged ({problem}); rebuilding it", stacklevel=3
                 )
         started = time.perf_counter()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        except OSError as e:
+            raise ModelError(
+                f"cannot write model {name!r} under {target.parent}: {e}; "
+                "set AGENTRL_HOME (or --out) to a writable directory"
+            ) from e
         try:
             _write_entry(spec, tmp, report)
             tmp.chmod(0o755)

@@ -48,6 +48,7 @@ def test_resolve_builds_into_agentrl_home(built):
 
 def test_resolve_passes_paths_and_hub_ids_through(built, tmp_path):
     assert resolve(str(built["tiny"])) == str(built["tiny"])
+    assert resolve(built["tiny"]) == str(built["tiny"])  # os.PathLike too
     assert resolve(str(tmp_path)) == str(tmp_path)
     assert resolve("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
 

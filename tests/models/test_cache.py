@@ -121,3 +121,11 @@ def test_two_processes_building_at_once_do_not_corrupt_each_other(home):
         assert "damaged" not in err
     _intact(home / "tiny", "tiny")
     assert sorted(p.name for p in home.iterdir()) == [".tiny.lock", "tiny"]
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("AGENTRL_HOME", str(blocker / "home"))
+    with pytest.raises(ModelError, match="writable directory"):
+        resolve("tiny-glm4")
