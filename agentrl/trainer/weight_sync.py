@@ -1,0 +1,229 @@
+"""Weight sync: pushing the trainer's new weights into the inference engine after a train step.
+
+Three transports behind one ``push(state_dict) -> SyncResult``:
+
+- :class:`InProcessSync`: engine and trainer share a process; the engine copies the
+  tensors into its own parameters between two decode steps.
+- :class:`DiskSync`: write ``model.safetensors`` into a fresh directory, rename it into
+  place atomically, and have the engine reload from it (works across processes and
+  machines that share a file system).
+- :class:`BroadcastSync`: a dedicated ``torch.distributed`` group (trainer = rank 0,
+  engine = rank 1..); tensors go out in buckets of ``bucket_bytes``, announced with
+  names/dtypes/shapes first (SGLang's ``update_weights_from_distributed`` protocol).
+  Intermediate buckets are staged by the engine and committed by the last one.
+
+The version bump is atomic: the engine applies a whole update (all buckets) at once
+and returns the new version, which must equal the version asked for, else
+:class:`WeightSyncError`. Every push is timed (``seconds``, ``bytes``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from agentrl.trainer.errors import WeightSyncError
+
+__all__ = ["BroadcastSync", "DiskSync", "InProcessSync", "SyncResult", "WeightSync", "make_sync"]
+
+
+@dataclass
+class SyncResult:
+    version: int
+    seconds: float
+    bytes: int
+    buckets: int = 1
+
+
+class WeightSync(Protocol):
+    def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult: ...
+
+    def close(self) -> None: ...
+
+
+def _nbytes(sd: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in sd.values())
+
+
+def _run(coro: Any) -> Any:
+    """Run a coroutine from sync code whether or not an event loop is running in this thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    raise WeightSyncError("push() was called inside a running event loop; call apush() instead")
+
+
+def _check(engine: Any, got: int, want: int, how: str) -> int:
+    if got != want:
+        raise WeightSyncError(f"{how} weight sync: engine reports version {got}, expected {want}")
+    return got
+
+
+class InProcessSync:
+    """Copy tensors straight into an in-process engine (``engine.update_weights_sync``)."""
+
+    def __init__(self, engine: Any, timeout_s: float = 300.0) -> None:
+        self.engine, self.timeout_s = engine, timeout_s
+
+    def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
+        t0 = time.perf_counter()
+        want = self.engine.weight_version + 1
+        try:
+            got = self.engine.update_weights_sync(state_dict=state_dict, version=want, timeout=self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - any engine failure leaves the old weights
+            raise WeightSyncError(f"in-process weight sync to version {want} failed: {e}") from e
+        return SyncResult(_check(self.engine, got, want, "in-process"), time.perf_counter() - t0, _nbytes(state_dict))
+
+    def close(self) -> None:
+        pass
+
+
+class DiskSync:
+    """Write safetensors to ``root/vN`` (atomically renamed into place), then the engine reloads it."""
+
+    def __init__(self, engine: Any, root: str | Path, keep: int = 1, timeout_s: float = 300.0) -> None:
+        self.engine, self.root, self.keep, self.timeout_s = engine, Path(root), keep, timeout_s
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
+        from safetensors.torch import save_file
+
+        t0 = time.perf_counter()
+        want = self.engine.weight_version + 1
+        final = self.root / f"v{want}"
+        tmp = self.root / f".v{want}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+        save_file(tensors, str(tmp / "model.safetensors"))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        try:
+            got = self.engine.update_weights_sync(path=final, version=want, timeout=self.timeout_s)
+        except Exception as e:  # noqa: BLE001
+            raise WeightSyncError(f"disk weight sync from {str(final)!r} failed: {e}") from e
+        for old in sorted(self.root.glob("v*"), key=lambda p: int(p.name[1:]))[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return SyncResult(_check(self.engine, got, want, "disk"), time.perf_counter() - t0, _nbytes(tensors))
+
+    def close(self) -> None:
+        pass
+
+
+class BroadcastSync:
+    """Broadcast in buckets over a dedicated process group to an engine joined as rank 1.
+
+    ``engine`` offers the SGLang-style async methods (``init_weights_update_group``,
+    ``update_weights_from_distributed``, ``destroy_weights_update_group``): the embedded
+    engine does, and so does an HTTP client of a separate engine process.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        master_address: str = "127.0.0.1",
+        master_port: int = 0,
+        bucket_bytes: int = 64 << 20,
+        timeout_s: float = 120.0,
+        group_name: str = "agentrl_weight_sync",
+    ) -> None:
+        self.engine, self.bucket_bytes, self.timeout_s, self.group_name = engine, bucket_bytes, timeout_s, group_name
+        port = master_port or _free_port(master_address)
+
+        async def setup() -> Any:
+            join = asyncio.create_task(
+                engine.init_weights_update_group(master_address, port, 1, 2, group_name, "gloo", timeout_s)
+            )
+            group = await asyncio.to_thread(_trainer_group, master_address, port, 2, timeout_s, group_name)
+            await join
+            return group
+
+        try:
+            self.group = asyncio.run(setup())
+        except Exception as e:  # noqa: BLE001
+            raise WeightSyncError(f"could not set up the broadcast group at {master_address}:{port}: {e}") from e
+
+    def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
+        return _run(self.apush(state_dict))
+
+    async def apush(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
+        from agentrl.engines.weights import bucket_tensors, dtype_name
+
+        t0 = time.perf_counter()
+        want = self.engine.weight_version + 1
+        buckets = list(bucket_tensors({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, self.bucket_bytes))
+        got = -1
+        try:
+            for i, bucket in enumerate(buckets):
+                last = i == len(buckets) - 1
+                recv = asyncio.create_task(
+                    self.engine.update_weights_from_distributed(
+                        [n for n, _ in bucket], [dtype_name(t.dtype) for _, t in bucket], [list(t.shape) for _, t in bucket],
+                        group_name=self.group_name, flush_cache=last, weight_version=want if last else None,
+                        timeout_s=self.timeout_s,
+                    )
+                )
+                await asyncio.to_thread(self._send, [t for _, t in bucket])
+                got = await asyncio.wait_for(recv, self.timeout_s)
+        except Exception as e:  # noqa: BLE001
+            raise WeightSyncError(f"broadcast weight sync to version {want} failed: {e}") from e
+        return SyncResult(_check(self.engine, got, want, "broadcast"), time.perf_counter() - t0, _nbytes(state_dict), len(buckets))
+
+    def _send(self, tensors: list[torch.Tensor]) -> None:
+        import datetime
+
+        for t in tensors:
+            work = self.group.broadcast(t, 0)
+            if not work.wait(datetime.timedelta(seconds=self.timeout_s)):
+                raise WeightSyncError(f"broadcast of a {tuple(t.shape)} tensor did not finish in {self.timeout_s} s")
+
+    def close(self) -> None:
+        asyncio.run(self.engine.destroy_weights_update_group(self.group_name))
+
+
+def _trainer_group(host: str, port: int, world_size: int, timeout_s: float, group_name: str) -> Any:
+    """Rank 0 of the weight-update group (same rendezvous as the engine's side, its own local name).
+
+    The engine registers its side under ``group_name``; when both sides live in one process
+    the trainer's process group needs another local name, while the store prefix (which is
+    what the two sides rendezvous on) stays ``group_name``.
+    """
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world = next(c10d.rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    # the same key layout as a registered group named group_name (c10d's helper nests these prefixes)
+    prefixed = c10d.PrefixStore("cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store)))
+    return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def make_sync(kind: str, engine: Any, run_dir: str | Path) -> WeightSync:
+    if kind == "inprocess":
+        return InProcessSync(engine)
+    if kind == "disk":
+        return DiskSync(engine, Path(run_dir) / "weights")
+    if kind == "broadcast":
+        return BroadcastSync(engine)
+    raise WeightSyncError(f"unknown weight sync {kind!r}; use inprocess, disk or broadcast")

@@ -1,0 +1,61 @@
+"""Weight sync: each transport lands the trainer's exact tensors in a real engine and bumps the version once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _tiny import tiny_model  # noqa: E402
+
+from agentrl.engines.hf import HFEngine  # noqa: E402
+from agentrl.trainer.errors import WeightSyncError  # noqa: E402
+from agentrl.trainer.weight_sync import BroadcastSync, DiskSync, InProcessSync  # noqa: E402
+
+
+def _new_weights() -> dict[str, torch.Tensor]:
+    m = tiny_model(seed=7)
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+@pytest.mark.parametrize("kind", ["inprocess", "disk", "broadcast"])
+def test_sync_copies_weights_and_bumps_version(kind, tmp_path):
+    engine = HFEngine(tiny_model(), device="cpu", prefix_cache_bytes=0)
+    try:
+        if kind == "inprocess":
+            sync = InProcessSync(engine)
+        elif kind == "disk":
+            sync = DiskSync(engine, tmp_path / "w")
+        else:
+            sync = BroadcastSync(engine, bucket_bytes=20_000)  # several buckets for this model
+        new = _new_weights()
+        res = sync.push(new)
+        assert res.version == 1 == engine.weight_version and res.seconds > 0 and res.bytes > 0
+        if kind == "broadcast":
+            assert res.buckets > 1
+        for k, v in engine.model.state_dict().items():
+            torch.testing.assert_close(v, new[k], rtol=0, atol=0, msg=k)
+        gen = engine.generate_sync([1, 2, 3], {"max_new_tokens": 3, "temperature": 0.0}, timeout=30)
+        assert set(gen.weight_versions) == {1}
+        assert sync.push(new).version == 2
+        sync.close()
+    finally:
+        engine.close()
+
+
+def test_rejected_update_keeps_old_weights_and_version():
+    engine = HFEngine(tiny_model(), device="cpu", prefix_cache_bytes=0)
+    try:
+        before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+        bad = _new_weights()
+        bad["model.embed_tokens.weight"] = torch.zeros(3, 3)
+        with pytest.raises(WeightSyncError, match="version 1 failed"):
+            InProcessSync(engine).push(bad)
+        assert engine.weight_version == 0
+        for k, v in engine.model.state_dict().items():
+            assert torch.equal(v, before[k])
+    finally:
+        engine.close()
