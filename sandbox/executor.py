@@ -398,7 +398,9 @@ class Capture:
 
 # -------------------------------------------------------------------------------------- executor
 class Executor:
-    def __init__(self) -> None:
+    def __init__(self, proto_fd: int = -1) -> None:
+        self.proto_fd = proto_fd  # watched during runs: EOF there means the host is gone
+        self.pending = b""  # request bytes that arrived during a run
         self.session: Worker | None = None
         self.session_cpu = 0.0
 
@@ -473,12 +475,15 @@ class Executor:
         timeout = float(req.get("timeout") or 10.0)
         cpu_limit = float(req.get("cpu_time") or 0)
         deadline = t0 + timeout
-        sel = _Poller({worker.out: out, worker.err: err, worker.ctl: None})
+        sinks: dict = {worker.out: out, worker.err: err, worker.ctl: None}
+        if self.proto_fd >= 0:
+            sinks[self.proto_fd] = "host"
+        sel = _Poller(sinks)
         killed_for = None
         status = None
         cpu_start = _proc_cpu_seconds(worker.pid) if worker.persistent else 0.0
         exited_at = None
-        while sel.data:
+        while len(sel.data) > (1 if self.proto_fd in sel.data else 0):
             now = time.monotonic()
             if killed_for is None and now >= deadline:
                 killed_for = "timeout"
@@ -490,6 +495,8 @@ class Executor:
                 break
             if worker.persistent and status is not None:
                 # The cell finished; take what is already in the pipes and stop.
+                if self.proto_fd in sel.data:
+                    sel.unregister(self.proto_fd)  # never read (and lose) the host's next request
                 self._drain_available(sel)
                 break
             for fd, sink in sel.select(POLL_S):
@@ -497,6 +504,14 @@ class Executor:
                     chunk = os.read(fd, READ_CHUNK)
                 except OSError:
                     chunk = b""
+                if sink == "host":
+                    if not chunk:  # the host died mid-run: nobody will read the result
+                        self.end_session()
+                        worker.kill()
+                        _kill_strays(set())
+                        os._exit(0)
+                    self.pending += chunk
+                    continue
                 if not chunk:
                     sel.unregister(fd)
                     continue
@@ -697,7 +712,7 @@ def serve() -> int:
     for fd in (proto_in.fileno(), proto_out.fileno()):
         os.set_inheritable(fd, False)
     sys.stdout = open(os.devnull, "w")
-    ex = Executor()
+    ex = Executor(proto_in.fileno())
     proto_out.write(_dumps({"ready": True, "pid": os.getpid(), "version": PROTOCOL_VERSION}).encode() + b"\n")
     _set_non_dumpable()
     buf = b""
@@ -725,6 +740,8 @@ def serve() -> int:
                     reply = {"error": f"{type(e).__name__}: {e}"}
                 reply["id"] = req.get("id")
             proto_out.write(_dumps(reply).encode() + b"\n")
+            buf += ex.pending
+            ex.pending = b""
         _reap_all()
     ex.end_session()
     _kill_strays(set())

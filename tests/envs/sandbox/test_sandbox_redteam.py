@@ -8,7 +8,6 @@ classified with the right stop ``reason``. A sandbox stays usable after every at
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import socket
 import threading
