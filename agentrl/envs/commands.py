@@ -61,6 +61,7 @@ def _serve_env(args: argparse.Namespace) -> int:
         episode_ttl_s=args.ttl,
         max_body_bytes=args.max_body_bytes,
         expose_oracle=args.expose_oracle,
+        env_threads=args.env_threads,
     )
     serve(config, host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -92,6 +93,8 @@ def register(sub: Any) -> None:
                    help=f"idle seconds before an episode is reaped (default {d.episode_ttl_s})")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help=f"largest accepted request body (default {d.max_body_bytes})")
+    p.add_argument("--env-threads", type=int, default=d.env_threads,
+                   help=f"worker threads running sync env code (default {d.env_threads})")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (it registers your envs); repeatable")
     p.add_argument("--expose-oracle", action="store_true",

@@ -25,13 +25,16 @@ class ServerConfig:
     """Largest accepted request body; bigger ones answer 413."""
     reap_interval_s: float = 5.0
     """How often idle episodes are looked for."""
+    env_threads: int = 32
+    """Worker threads running sync env code; more help envs that block on I/O, fewer cut GIL contention."""
     expose_oracle: bool = False
     """Serve POST /episodes/{id}/oracle (the gold action); off by default since it leaks the answer."""
 
     def __post_init__(self) -> None:
         if not self.env_ids:
             raise ConfigError("serve at least one env: pass --env ID (agentrl envs lists them)")
-        for name, value in (("max_episodes", self.max_episodes), ("max_body_bytes", self.max_body_bytes)):
+        for name, value in (("max_episodes", self.max_episodes), ("max_body_bytes", self.max_body_bytes),
+                            ("env_threads", self.env_threads)):
             if value < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {value}")
         for name, fvalue in (("step_timeout_s", self.step_timeout_s), ("episode_ttl_s", self.episode_ttl_s),
