@@ -51,7 +51,9 @@ def naive_tokens_per_s(model: Any, prompts: list[list[int]], new_tokens: int) ->
     return generated / (time.perf_counter() - start)
 
 
-async def engine_tokens_per_s(engine: HFEngine, prompts: list[list[int]], new_tokens: int, concurrency: int) -> float:
+async def engine_tokens_per_s(
+    engine: HFEngine, prompts: list[list[int]], new_tokens: int, concurrency: int
+) -> float:
     sem = asyncio.Semaphore(concurrency)
     generated = 0
 
@@ -64,6 +66,26 @@ async def engine_tokens_per_s(engine: HFEngine, prompts: list[list[int]], new_to
     start = time.perf_counter()
     await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     return generated / (time.perf_counter() - start)
+
+
+def sampler_ms(rows: int, vocab: int, calls: int = 5) -> tuple[float, float]:
+    """Per-call milliseconds of torch.multinomial vs the inverse-CDF sampler on (rows, vocab) logits."""
+    from agentrl.engines.sampling import SamplingBatch, sample
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    params = SamplingBatch.build([1.0] * rows, [1.0] * rows, [-1] * rows)
+    timings = []
+    for fn in (
+        lambda: torch.multinomial(torch.softmax(logits, -1), 1, generator=g),
+        lambda: sample(logits, params, torch.rand(rows, generator=g)),
+    ):
+        fn()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        timings.append((time.perf_counter() - start) / calls * 1000)
+    return timings[0], timings[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     vocab = model.get_input_embeddings().num_embeddings
     prompts = make_prompts(args.requests, vocab, seed=0)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model {args.model}: {n_params / 1e6:.1f}M params, vocab {vocab}, torch threads {torch.get_num_threads()}")
+    print(
+        f"model {args.model}: {n_params / 1e6:.1f}M params, vocab {vocab}, torch threads {torch.get_num_threads()}"
+    )
     print(f"{args.requests} requests x {args.new_tokens} new tokens, prompts 16-48 tokens\n")
 
     naive_tokens_per_s(model, prompts[:2], 4)  # warm-up
@@ -97,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     print("| ---: | ---: | ---: | ---: |")
     for c, tps in rows:
         print(f"| {c} | {tps:,.0f} | {naive:,.0f} | {tps / naive:.1f}x |")
+
+    print("\nSampling one token per row at Qwen's vocabulary (151,936), ms per call:\n")
+    print("| rows | torch.multinomial | inverse-CDF sampler | ratio |")
+    print("| ---: | ---: | ---: | ---: |")
+    for r in (1, 32):
+        slow, fast = sampler_ms(r, 151_936)
+        print(f"| {r} | {slow:.1f} | {fast:.1f} | {slow / fast:.1f}x |")
     return 0
 
 

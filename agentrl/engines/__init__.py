@@ -19,6 +19,7 @@ from agentrl.engines.errors import (
 )
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.protocol import Engine, FinishReason, Generation
+from agentrl.engines.sglang import SGLangEngine, launch_sglang_server
 
 __all__ = [
     "ContextLengthError",
@@ -32,5 +33,7 @@ __all__ = [
     "HFEngine",
     "InvalidSamplingError",
     "InvalidTokenError",
+    "SGLangEngine",
     "WeightUpdateError",
+    "launch_sglang_server",
 ]

@@ -247,13 +247,13 @@ class SGLangEngine:
         bucket_bytes: int = 512 << 20,
     ) -> int:
         """From a safetensors directory the server can read (``path``), or broadcast ``state_dict``
-        through a group made by :meth:`init_weights_update_group`. Returns the new version."""
+        through a group made by :meth:`connect_weights_update_group`. Returns the new version."""
         if (state_dict is None) == (path is None):
             raise WeightUpdateError("update_weights needs exactly one of state_dict=... or path=...")
         if path is not None:
             return await self.update_weights_from_disk(path, version=version)
         assert state_dict is not None
-        return await self.update_weights_from_distributed(
+        return await self.broadcast_weights(
             state_dict, group_name=group_name, bucket_bytes=bucket_bytes, version=version
         )
 
@@ -281,7 +281,61 @@ class SGLangEngine:
         message = body.get("message") or (body.get("error") or {}).get("message") or resp.text
         raise WeightUpdateError(f"{self.base_url}{path} rejected the update ({resp.status_code}): {message}")
 
+    # Engine-side calls, one per SGLang endpoint, with HFEngine's signatures (the caller owns rank 0).
+
     async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+    ) -> None:
+        """``/init_weights_update_group``: the server joins the group as ``rank_offset`` (returns when joined)."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        resp = await self._call("POST", "/init_weights_update_group", body, timeout_s=timeout_s + 10)
+        self._raise_weight_update(resp, "/init_weights_update_group")
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        weight_version: int | str | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        """``/update_weights_from_distributed``: announce one bucket; rank 0 broadcasts it meanwhile.
+
+        Returns the engine's version afterwards (``weight_version`` once a committing call succeeds).
+        """
+        body = {
+            "names": list(names),
+            "dtypes": list(dtypes),
+            "shapes": [list(x) for x in shapes],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "weight_version": None if weight_version is None else str(weight_version),
+        }
+        resp = await self._call("POST", "/update_weights_from_distributed", body, timeout_s=timeout_s)
+        self._raise_weight_update(resp, "/update_weights_from_distributed")
+        if flush_cache:
+            self._version = self._version + 1 if weight_version is None else int(weight_version)
+        return self._version
+
+    # Trainer-side helpers: rank 0 of the group, bucketed broadcast.
+
+    async def connect_weights_update_group(
         self,
         master_address: str,
         master_port: int,
@@ -292,17 +346,11 @@ class SGLangEngine:
         backend: str = "gloo",
         timeout_s: float = 60.0,
     ) -> Any:
-        """Create the trainer side (rank 0) of the weight broadcast group while the server joins it."""
-        body = {
-            "master_address": master_address,
-            "master_port": master_port,
-            "rank_offset": rank_offset,
-            "world_size": world_size,
-            "group_name": group_name,
-            "backend": backend,
-        }
-        post = asyncio.create_task(
-            self._call("POST", "/init_weights_update_group", body, timeout_s=timeout_s + 10)
+        """Create rank 0 of the weight broadcast group here while the server joins it; returns the group."""
+        join = asyncio.create_task(
+            self.init_weights_update_group(
+                master_address, master_port, rank_offset, world_size, group_name, backend, timeout_s
+            )
         )
         local = asyncio.create_task(
             asyncio.to_thread(
@@ -316,16 +364,16 @@ class SGLangEngine:
                 group_name,
             )
         )
-        done, _ = await asyncio.wait({post, local}, return_when=asyncio.FIRST_EXCEPTION)
-        if post in done and post.exception() is None:
-            self._raise_weight_update(post.result(), "/init_weights_update_group")  # fail fast on a rejection
-        resp = await post
-        self._raise_weight_update(resp, "/init_weights_update_group")
+        await asyncio.wait({join, local}, return_when=asyncio.FIRST_EXCEPTION)
+        if join.done() and join.exception() is not None:
+            local.cancel()  # the rendezvous thread itself ends at its deadline
+            await join  # raises the server's rejection now, not after the rendezvous times out
+        await join
         group = await local
         self._groups[group_name] = group
         return group
 
-    async def update_weights_from_distributed(
+    async def broadcast_weights(
         self,
         named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
         *,
@@ -334,11 +382,14 @@ class SGLangEngine:
         version: int | None = None,
         timeout_s: float | None = None,
     ) -> int:
-        """Broadcast tensors in buckets; the last bucket commits them (one version bump)."""
+        """Broadcast tensors in buckets through a group from :meth:`connect_weights_update_group`.
+
+        The last bucket commits them all (``flush_cache=True`` + ``weight_version``): one version bump.
+        """
         group = self._groups.get(group_name)
         if group is None:
             raise WeightUpdateError(
-                f"no weight update group {group_name!r}; call init_weights_update_group(...) first"
+                f"no weight update group {group_name!r}; call connect_weights_update_group(...) first"
             )
         deadline = timeout_s or self.timeout_s
         new_version = self._version + 1 if version is None else version
@@ -347,21 +398,20 @@ class SGLangEngine:
             raise WeightUpdateError("the weight update is empty; pass at least one named tensor")
         for i, bucket in enumerate(buckets):
             last = i == len(buckets) - 1
-            body = {
-                "names": [n for n, _ in bucket],
-                "dtypes": [dtype_name(t.dtype) for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket],
-                "group_name": group_name,
-                "flush_cache": last,
-                "weight_version": str(new_version) if last else None,
-            }
             post = asyncio.create_task(
-                self._call("POST", "/update_weights_from_distributed", body, timeout_s=deadline)
+                self.update_weights_from_distributed(
+                    [n for n, _ in bucket],
+                    [dtype_name(t.dtype) for _, t in bucket],
+                    [list(t.shape) for _, t in bucket],
+                    group_name=group_name,
+                    flush_cache=last,
+                    weight_version=new_version if last else None,
+                    timeout_s=deadline,
+                )
             )
             await asyncio.to_thread(broadcast_bucket, group, [t for _, t in bucket], deadline)
-            self._raise_weight_update(await post, "/update_weights_from_distributed")
-        self._version = new_version
-        return new_version
+            await post
+        return self._version
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         from agentrl.engines.weights import destroy_weight_update_group

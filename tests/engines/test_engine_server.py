@@ -190,7 +190,7 @@ async def test_update_weights_from_disk_changes_outputs(
 
 async def test_update_weights_through_torch_distributed_buckets(client: SGLangEngine) -> None:
     new = tiny_qwen2(seed=2)
-    await client.init_weights_update_group("127.0.0.1", free_port(), backend="gloo", timeout_s=60)
+    await client.connect_weights_update_group("127.0.0.1", free_port(), backend="gloo", timeout_s=60)
     v = client.weight_version
     # small buckets: several announced + broadcast rounds, committed once by the last
     assert await client.update_weights(state_dict=new.state_dict(), bucket_bytes=64 << 10) == v + 1
@@ -201,7 +201,7 @@ async def test_update_weights_through_torch_distributed_buckets(client: SGLangEn
         torch.tensor(g.logprobs), teacher_forced(new, [4, 4, 4], g, params), atol=LOGPROB_ATOL
     )
     await client.destroy_weights_update_group()
-    with pytest.raises(WeightUpdateError, match="init_weights_update_group"):
+    with pytest.raises(WeightUpdateError, match="connect_weights_update_group"):
         await client.update_weights(state_dict=new.state_dict())
 
 
