@@ -21,7 +21,20 @@ def _envs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_modules(modules: list[str]) -> None:
+    import importlib
+
+    from agentrl.errors import ConfigError
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"--import {module}: {e}; is it on PYTHONPATH?") from e
+
+
 def _check_env(args: argparse.Namespace) -> int:
+    _import_modules(args.imports)
     from agentrl.envs import EnvCheckError, list_envs, spec
     from agentrl.envs.checker import check_env
 
@@ -42,15 +55,7 @@ def _check_env(args: argparse.Namespace) -> int:
 
 
 def _serve_env(args: argparse.Namespace) -> int:
-    import importlib
-
-    from agentrl.errors import ConfigError
-
-    for module in args.imports:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ConfigError(f"--import {module}: {e}; is it on PYTHONPATH?") from e
+    _import_modules(args.imports)
     from agentrl.envs.server import serve
     from agentrl.envs.server_config import ServerConfig
 
@@ -75,6 +80,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("check-env", help="run the env conformance checker on one env id or 'all'")
     p.add_argument("env", metavar="ID|all", help="an env id such as countdown-v0, or 'all'")
     p.add_argument("--seed", type=int, default=0, help="seed of the checked episodes (default 0)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (it registers your envs); repeatable")
     p.set_defaults(func=_check_env)
 
     from agentrl.envs.server_config import ServerConfig as _C
