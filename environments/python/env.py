@@ -1,0 +1,196 @@
+"""Python: math and string problems solved by writing Python that runs in a sandbox.
+
+Each task is generated (``tasks.py``) with an exact answer computed on the host. The model
+calls ``run_python(code)`` any number of times within ``max_turns``; the code runs in a
+sandbox (``agentrl.envs.sandbox``; the bubblewrap ``process`` backend by default, ``docker``
+on request) with one persistent interpreter per episode, so variables survive between calls.
+It then answers with a message without tool calls holding ``<answer>...</answer>``.
+
+Reward 1.0 when the answer equals the gold answer exactly (after trimming whitespace), else
+0.0. The reward is computed here, from the answer the model returned, against the answer the
+env generated: nothing the code writes in the sandbox (a ``reward.txt``, a patched file) is
+ever read, and the sandbox is wiped between episodes. The oracle runs the reference solution
+once, then answers with the gold value.
+
+If the sandbox itself fails (``sandbox_lost``: an infrastructure failure, not the model's), the
+call is retried once on a fresh sandbox; ``info["sandbox_infra_errors"]`` counts such failures
+and ``info["infra_error"]`` flags an episode that saw one, so a trainer can drop or retry it
+instead of scoring it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import re
+import threading
+import weakref
+from typing import Any
+
+from agentrl.envs import ToolEnv, ToolError, tool
+from agentrl.envs.sandbox import ExecResult, Limits, Sandbox, SandboxLost, SandboxPool
+from agentrl.types import FunctionCall, Message, ToolCall
+from environments.python.tasks import GENERATORS, Task, generate
+
+__all__ = ["PythonEnv"]
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+_TOOL_OUTPUT_CAP = 4000
+_pools: dict[tuple[str, Limits, int], SandboxPool] = {}
+_pools_lock = threading.Lock()
+
+
+def _shared_pool(backend: str, limits: Limits, size: int) -> SandboxPool:
+    """One warm pool per (backend, limits, size) in this process, shared by every PythonEnv."""
+    key = (backend, limits, size)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = SandboxPool(backend, size=size, limits=limits)
+        return pool
+
+
+@atexit.register
+def _close_pools() -> None:
+    with _pools_lock:
+        for pool in _pools.values():
+            pool.close()
+        _pools.clear()
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _TOOL_OUTPUT_CAP:
+        return text
+    return text[:_TOOL_OUTPUT_CAP] + f"\n... ({len(text) - _TOOL_OUTPUT_CAP} more characters not shown)"
+
+
+def format_result(r: ExecResult) -> str:
+    """What the model sees of one run: how it ended, then stdout and stderr (clipped)."""
+    status = {
+        "exited": f"exit code {r.exit_code}",
+        "timeout": "stopped: time limit",
+        "cpu_time": "stopped: CPU time limit",
+        "memory": "stopped: memory limit",
+        "pids": "stopped: process limit",
+        "output_limit": "stopped: output limit",
+        "file_size": "stopped: file size limit",
+        "disk_full": "stopped: disk full",
+        "signal": f"killed by signal {r.signal}",
+        "sandbox_lost": "the sandbox failed",
+    }[r.reason]
+    parts = [f"[{status}]"]
+    if r.session_ended:
+        parts.append("[the interpreter was restarted: variables are gone]")
+    if r.stdout:
+        parts.append("stdout:\n" + _clip(r.stdout) + (" [truncated]" if r.stdout_truncated else ""))
+    if r.stderr:
+        parts.append("stderr:\n" + _clip(r.stderr) + (" [truncated]" if r.stderr_truncated else ""))
+    if not (r.stdout or r.stderr):
+        parts.append("(no output; print() what you want to see)")
+    return "\n".join(parts)
+
+
+class PythonEnv(ToolEnv):
+    """Problems with exact answers, solved by running Python in a sandbox; answer in ``<answer>...</answer>``."""
+
+    reward_range = (0.0, 1.0)
+
+    def __init__(
+        self,
+        max_turns: int = 6,
+        kinds: tuple[str, ...] | list[str] = ("math", "string"),
+        backend: str = "process",
+        timeout: float = 10.0,
+        memory: str | int = "256m",
+        pool_size: int = 2,
+    ) -> None:
+        if max_turns < 2:
+            raise ValueError(f"max_turns must be >= 2 (one tool call and one answer), got {max_turns}")
+        unknown = [k for k in kinds if k not in GENERATORS]
+        if unknown or not kinds:
+            raise ValueError(f"kinds must be a non-empty subset of {sorted(GENERATORS)}, got {list(kinds)!r}")
+        self.max_turns = max_turns
+        self.kinds = tuple(kinds)
+        self.limits = Limits(timeout=timeout, memory=memory)
+        self.backend, self.pool_size = backend, pool_size
+        self.task: Task | None = None
+        self._sandbox: Sandbox | None = None
+        self._pool: SandboxPool | None = None
+        self.infra_errors = 0
+        self._finalizer: weakref.finalize | None = None
+
+    # -------------------------------------------------------------------- sandbox lease
+    def _lease(self) -> Sandbox:
+        if self._sandbox is None:
+            self._pool = _shared_pool(self.backend, self.limits, self.pool_size)
+            self._sandbox = self._pool.acquire()
+            self._finalizer = weakref.finalize(self, self._pool.release, self._sandbox)
+        return self._sandbox
+
+    def _release(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()  # releases exactly once
+        self._finalizer = None
+        self._sandbox = None
+
+    def close(self) -> None:
+        self._release()
+        super().close()
+
+    # -------------------------------------------------------------------- episode
+    def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
+        self._release()  # a new episode never sees the last one's sandbox state
+        self.infra_errors = 0
+        self.task = generate(self.np_random, self.kinds)
+        prompt = (
+            f"{self.task.question}\nUse the run_python tool to compute it (print the result), then reply "
+            "with the exact value as <answer>VALUE</answer>."
+        )
+        return [Message(role="user", content=prompt)], {"kind": self.task.kind}
+
+    @tool
+    def run_python(self, code: str) -> str:
+        """Run Python code in a sandbox and return its stdout and stderr. Variables persist between calls.
+
+        Args:
+            code: Python source; print() the values you want to see.
+        """
+        if not code.strip():
+            raise ToolError("code is empty; pass Python source such as print(2 + 2)")
+        for attempt in range(2):
+            try:
+                r = self._lease().session().run(code)
+            except SandboxLost:
+                r = None
+            if r is not None and not r.infra_error:
+                return format_result(r)
+            self.infra_errors += 1  # the sandbox's failure, not the model's: retry on a fresh one
+            if self._sandbox is not None:
+                self._sandbox.close()
+            self._release()
+            if attempt == 0:
+                continue
+        raise ToolError(
+            "the sandbox failed twice (an infrastructure error); the episode is flagged infra_error"
+        )
+
+    def answer(self, message: Message) -> tuple[float, dict[str, Any]]:
+        assert self.task is not None
+        found = _ANSWER_RE.findall(message.content or "")
+        self._release()
+        info: dict[str, Any] = {
+            "sandbox_infra_errors": self.infra_errors,
+            "infra_error": self.infra_errors > 0,
+        }
+        if not found:
+            return 0.0, {**info, "correct": False, "format_error": "no <answer>...</answer> tag"}
+        correct = found[-1].strip() == self.task.answer
+        return float(correct), {**info, "correct": correct, "format_error": None}
+
+    def oracle_action(self) -> Message:
+        assert self.task is not None
+        if self.turn == 0:
+            args = json.dumps({"code": self.task.solution})
+            call = ToolCall(id="call_0", function=FunctionCall(name="run_python", arguments=args))
+            return Message(role="assistant", tool_calls=[call])
+        return Message(role="assistant", content=f"<answer>{self.task.answer}</answer>")
