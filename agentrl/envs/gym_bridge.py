@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium
+import numpy as np
 
 from agentrl.envs.core import Env, StepResult
 from agentrl.types import Message
@@ -125,10 +126,13 @@ class GymnasiumTextEnv(Env):
 
 
 def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
+    """The JSON-safe part of a gymnasium info dict (numpy scalars and arrays converted)."""
     out: dict[str, Any] = {}
     for k, v in info.items():
-        if hasattr(v, "item"):
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        elif isinstance(v, np.generic):
             v = v.item()
-        if isinstance(v, (str, int, float, bool)) or v is None:
+        if isinstance(v, (str, int, float, bool, list)) or v is None:
             out[str(k)] = v
     return out
