@@ -53,6 +53,7 @@ from agentrl.engines.errors import (
 from agentrl.engines.protocol import FinishReason, Generation
 from agentrl.engines.sampling import SamplingBatch, sample
 from agentrl.engines.weights import StagedWeights, load_safetensors_dir, validate_state_dict
+from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
 
 __all__ = ["HFEngine", "load_causal_lm", "parse_sampling"]
@@ -131,8 +132,9 @@ def _resolve(
 class HFEngine:
     """Continuous-batching engine over a transformers causal LM (see the module docstring).
 
-    ``model`` is a ``PreTrainedModel`` (used as is, moved to ``device``) or an agentrl
-    model name / local path / hub id. ``device`` defaults to CUDA when present, else CPU.
+    ``model`` is a ``PreTrainedModel`` or an agentrl model name / local path / hub id. The
+    engine owns the model it is given (it runs forwards on it from its own thread and
+    ``update_weights`` writes into it): pass a copy if you keep training the original. ``device`` defaults to CUDA when present, else CPU.
     ``max_batch_size`` bounds the running batch; ``max_prefill_tokens`` bounds one
     prefill (padded tokens); ``stop_on_eos`` also stops at the model's EOS ids;
     ``max_context`` overrides the model's ``max_position_embeddings``;
@@ -156,8 +158,10 @@ class HFEngine:
         prefix_cache_bytes: int = 256 << 20,
         min_prefix_reuse: int = 16,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if max_batch_size < 1 or max_prefill_tokens < 1:
+            raise ConfigError(
+                f"max_batch_size and max_prefill_tokens must be >= 1, got {max_batch_size} and {max_prefill_tokens}"
+            )
         self.device = (
             torch.device(device)
             if device is not None
@@ -175,6 +179,12 @@ class HFEngine:
             model = model.to(device=self.device, dtype=dtype) if dtype is not None else model.to(self.device)
         self.model = model.eval()
         config = model.config
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if layer_types != {"full_attention"}:
+            raise ConfigError(
+                f"HFEngine supports full-attention models only; this model has layer types {sorted(layer_types)} "
+                "(disable sliding windows in its config, or serve it with SGLang)"
+            )
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_context = int(max_context or getattr(config, "max_position_embeddings", 0) or 1 << 30)
         self.max_batch_size = max_batch_size
