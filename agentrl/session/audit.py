@@ -2,10 +2,11 @@
 
 The ledger is built incrementally; the audit checks it against the one thing it
 must agree with, a full canonical render of the same messages. The ledger's
-prompt regions (everything it did not sample) are anchors: each must appear in
-the canonical text, in order, byte for byte, and re-tokenize to the same ids.
-Between two anchors lies one assistant turn: the model's own tokens in the
-ledger, the template's rendering of the parsed reply in the canonical text.
+prompt regions (everything it did not sample, up to the generation prompt) are
+anchors: each must appear in the canonical text, in order, byte for byte, and
+re-tokenize to the same ids. Between two anchors lies one assistant turn: the
+generation prompt and the model's own tokens in the ledger, the template's
+rendering of the parsed reply in the canonical text.
 
 Classes of difference:
 
@@ -132,11 +133,20 @@ def audit_segment(tok: IncrementalTokenizer, seg: Segment) -> AuditReport:
         return str(tok.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
     ids = seg.token_ids
+    gen = tok.generation_prompt_text(seg.template_kwargs)
     cursor = 0
     prev_sampled = ""
     for k, turn in enumerate(seg.turns):
         prompt_ids = ids[turn.prompt_start : turn.start]
-        p_text = dec(prompt_ids)
+        p_full = dec(prompt_ids)
+        if not p_full.endswith(gen):
+            report.add(
+                "non_assistant_text", f"turn {k}: prompt does not end with the generation prompt {gen!r}"
+            )
+            return report
+        # The generation prompt belongs to the assistant turn in a canonical render (a thinking
+        # prefill there may render differently), so it is compared with the sampled text.
+        p_text = p_full[: len(p_full) - len(gen)]
         pos = (0 if canon.startswith(p_text) else -1) if k == 0 else canon.find(p_text, cursor)
         if pos < 0:
             window = canon[cursor : cursor + len(p_text) + 200]
@@ -155,12 +165,12 @@ def audit_segment(tok: IncrementalTokenizer, seg: Segment) -> AuditReport:
                 report.exact_turns += 1
             else:
                 report.add("assistant_text")
-        if tok.encode(p_text) != prompt_ids:
+        if tok.encode(p_full) != prompt_ids:
             report.add(
-                "non_assistant_text", f"turn {k}: prompt region re-tokenizes differently: {p_text[:160]!r}"
+                "non_assistant_text", f"turn {k}: prompt region re-tokenizes differently: {p_full[:160]!r}"
             )
         cursor = pos + len(p_text)
-        prev_sampled = dec(ids[turn.start : turn.end])
+        prev_sampled = gen + dec(ids[turn.start : turn.end])
     rest = canon[cursor:]
     close = tok.close_text(seg.template_kwargs)
     if rest.startswith(prev_sampled) and close.endswith(rest[len(prev_sampled) :]):

@@ -188,6 +188,15 @@ class IncrementalTokenizer:
             self._close_cache[key] = q.split(SENTINEL, 1)[1]
         return self._close_cache[key]
 
+    def generation_prompt_text(self, template_kwargs: dict[str, Any] | None) -> str:
+        """What ``add_generation_prompt=True`` appends (e.g. ``<|im_start|>assistant\\n``)."""
+        head = [Message(role="user", content="U")]
+        with_gen = self.render(head, None, add_generation_prompt=True, template_kwargs=template_kwargs)
+        without = self.render(head, None, add_generation_prompt=False, template_kwargs=template_kwargs)
+        if not with_gen.startswith(without):
+            raise TemplateError("the generation prompt rewrites the conversation before it; not append-only")
+        return with_gen[len(without) :]
+
     def _synthetic_assistant(self, last: Message, single_call: bool) -> Message:
         calls = last.tool_calls or None
         if calls and single_call:
@@ -227,10 +236,16 @@ class IncrementalTokenizer:
             f = self.render(
                 [*head, a, *appended], tools, add_generation_prompt=True, template_kwargs=template_kwargs
             )
-        if not (q.startswith(g) and f.startswith(g)):
+        if not q.startswith(g):
             raise TemplateError(
-                "the chat template renders the first user message differently once an assistant turn "
-                "follows it (message 0, role 'user'); it is not append-only"
+                f"the {self.family.name} chat template renders the first user message differently once an "
+                "assistant turn follows it; it is not append-only"
+            )
+        if not f.startswith(g):
+            raise TemplateError(
+                f"appending {[m.role for m in appended]} messages after message {turn_index} changes how the "
+                f"earlier messages render in the {self.family.name} chat template (it moves or rewrites them, "
+                "e.g. collects system messages at the top); start a new session for this history instead"
             )
         if not q.endswith(close):
             raise TemplateError(
