@@ -140,3 +140,28 @@ def test_tool_without_type_hint_is_rejected_at_class_creation() -> None:
 
     with pytest.raises(RegistrationError, match="must match"):
         tool_spec(lambda: None, name="has space")
+
+
+class Submit(ToolEnv):
+    def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
+        return [Message(role="user", content="submit 7")], {}
+
+    @tool
+    def submit(self, value: int) -> str:
+        """Submit the final value."""
+        self.finish(float(value == 7), submitted=value)
+        return "submitted"
+
+    def answer(self, message: Message) -> tuple[float, dict[str, Any]]:
+        return 0.0, {}
+
+
+def test_a_tool_can_end_the_episode_with_a_reward() -> None:
+    env = Submit()
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(
+        Message(role="assistant", tool_calls=[call("submit", {"value": 7})]))
+    assert [m.content for m in obs] == ["submitted"]
+    assert (reward, terminated, info["submitted"]) == (1.0, True, 7)
+    env.reset(seed=0)  # finish() does not leak into the next episode
+    assert not env.step(Message(role="assistant", tool_calls=[call("nope", {})])).terminated
