@@ -47,7 +47,7 @@ def build_manager(model: str, engine_url: str | None = None, family: str | None 
     engine: Any
     if engine_url:
         try:
-            from agentrl.engines import SGLangEngine  # type: ignore[attr-defined]
+            from agentrl.engines import SGLangEngine
         except ImportError as e:
             raise ConfigError(
                 f"--engine {engine_url!r} needs agentrl.engines.SGLangEngine, which is not available: {e}"

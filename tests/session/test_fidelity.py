@@ -250,7 +250,7 @@ def test_fidelity_scripted_tool_calls(model: str, tokenizers: Any) -> None:
         sid = sm.create()
         first = [Message(role="user", content=data.draw(TEXT))]
         msgs = list(first)
-        for turn in range(data.draw(st.integers(1, 6))):
+        for _ in range(data.draw(st.integers(1, 6))):
             max_calls = 1 if fam in ("llama3", "glm4") else 3
             calls = data.draw(
                 st.lists(st.tuples(st.sampled_from(["search", "calc"]), ARGS), max_size=max_calls)
