@@ -52,6 +52,10 @@ done
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/work:/bin/sh\n' > "$root/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$root/etc/group"
 install -m 0444 sandbox/executor.py "$root/opt/agentrl/executor.py"
+# Precompiled by the image's own interpreter: a start-up skips ~20 ms of compiling.
+"$py" -I -S -c 'import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)' \
+    sandbox/executor.py "$root/opt/agentrl/executor.pyc"
+chmod 0444 "$root/opt/agentrl/executor.pyc"
 
 tar -C "$root" --numeric-owner -cf - . | docker import \
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
@@ -59,6 +63,6 @@ tar -C "$root" --numeric-owner -cf - . | docker import \
     --change 'WORKDIR /work' \
     --change 'USER 65534:65534' \
     --change "LABEL agentrl.executor=$sha" \
-    --change 'CMD ["python3", "-I", "-S", "/opt/agentrl/executor.py"]' \
+    --change 'CMD ["python3", "-I", "-S", "/opt/agentrl/executor.pyc"]' \
     - "$tag" >/dev/null
 echo "built $tag (executor $sha, $(du -sh "$root" | cut -f1) rootfs)"

@@ -28,12 +28,11 @@ cgroup's OOM killer fired), ``pids`` (the process limit refused a fork), ``file_
 ``exit_code``).
 """
 
-# ruff: noqa: UP031, SIM115  (stdlib-only program for any Python 3.8+; long-lived std streams by design)
+# ruff: noqa: UP031, SIM105, SIM115  (stdlib-only program for any Python 3.8+; long-lived std streams by design)
 from __future__ import annotations
 
 import binascii
 import builtins
-import contextlib
 import errno
 import fcntl
 import io
@@ -162,8 +161,10 @@ def _kill_strays(keep: set[int]) -> None:
             if pid == me or pid == 1 or pid in keep:
                 continue
             found = True
-            with contextlib.suppress(OSError):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         _reap_all()
         if not found:
             return
@@ -295,14 +296,18 @@ def _exec_code(code: str, namespace: dict, filename: str = "<sandbox>") -> dict:
         except BaseException:
             _safe_print_err(f"{type(e).__name__}\n")
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
+        try:
             stream.flush()
+        except BaseException:
+            pass
     return status
 
 
 def _safe_print_err(text: str) -> None:
-    with contextlib.suppress(OSError):
+    try:
         os.write(2, (text + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
 
 
 class Worker:
@@ -359,14 +364,18 @@ class Worker:
 
     def kill(self) -> None:
         for target in (-self.pid, self.pid):
-            with contextlib.suppress(OSError):
+            try:
                 os.kill(target, signal.SIGKILL)
+            except OSError:
+                pass
 
     def close(self) -> None:
         for fd in (self.out, self.err, self.ctl, self.cmd):
             if fd >= 0:
-                with contextlib.suppress(OSError):
+                try:
                     os.close(fd)
+                except OSError:
+                    pass
         self.out = self.err = self.ctl = self.cmd = -1
 
 

@@ -140,7 +140,7 @@ class DockerBackend:
         lim = self.limits
         tmpfs_opts = f"rw,nosuid,nodev,size={lim.disk_bytes},mode=1777"
         return {
-            "command": ["python3", "-I", "-S", EXECUTOR_IN_SANDBOX],
+            "command": ["python3", "-I", "-S", EXECUTOR_IN_SANDBOX + "c"],  # precompiled in the image
             "stdin_open": True,  # with detach=False the SDK also sets StdinOnce: the death pipe
             "tty": False,
             "network_mode": "none",

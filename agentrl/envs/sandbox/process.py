@@ -144,6 +144,34 @@ class _ProcessChannel:
                     f.close()
 
 
+_COMPILE = (
+    "import importlib.util, marshal, sys\n"
+    "code = compile(sys.stdin.buffer.read(), sys.argv[1], 'exec')\n"
+    "sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code))\n"
+)
+
+
+def _compiled_executor(python: str, source: bytes) -> tuple[bytes, str]:
+    """The executor as a .pyc for the sandbox's own interpreter (saves ~20 ms of compiling per start).
+
+    Compiled once per backend by that interpreter, so the bytecode always matches it; falls back
+    to the source if compiling fails.
+    """
+    try:
+        out = subprocess.run(
+            [python, "-I", "-S", "-c", _COMPILE, EXECUTOR_IN_SANDBOX],
+            input=source,
+            capture_output=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        if len(out) > 16:
+            return out, EXECUTOR_IN_SANDBOX + "c"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return source, EXECUTOR_IN_SANDBOX
+
+
 def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -176,7 +204,7 @@ class ProcessBackend:
                 "install python3 (`apt-get install -y python3`) or pass python='/usr/bin/python3.X'"
             )
         self.python = python
-        self._source = executor_source()
+        self._source, self._executor_path = _compiled_executor(python, executor_source())
         self.cgroups = cgroups.detect() if use_cgroups else None
         if self.cgroups is not None:
             cgroups.reap_orphans(self.cgroups)
@@ -291,12 +319,12 @@ class ProcessBackend:
         r, w = os.pipe()
         pass_fds = [r]
         args = list(self._base_args)
-        args += ["--perms", "0444", "--ro-bind-data", str(r), EXECUTOR_IN_SANDBOX]
+        args += ["--perms", "0444", "--ro-bind-data", str(r), self._executor_path]
         if cgroup is not None:
             for name, path in cgroup.counter_files().items():
                 if path.exists():
                     args += ["--ro-bind", str(path), f"/run/agentrl/{name}"]
-        args += ["--remount-ro", "/", self.python, "-I", "-S", EXECUTOR_IN_SANDBOX]
+        args += ["--remount-ro", "/", self.python, "-I", "-S", self._executor_path]
         kw: dict[str, Any] = {}
         if self._as_nobody:
             kw = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
