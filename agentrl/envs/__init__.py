@@ -16,8 +16,8 @@ entry-point plugins, and registers each id in gymnasium as ``agentrl/<id>``.
 
 from __future__ import annotations
 
-from agentrl.envs.checker import CheckReport, check_env
-from agentrl.envs.client import RemoteEnv
+from typing import TYPE_CHECKING, Any
+
 from agentrl.envs.core import Env, MessageSpace, MessagesSpace, StepResult
 from agentrl.envs.errors import (
     EnvCheckError,
@@ -78,5 +78,24 @@ __all__ = [
     "tool",
     "tool_spec",
 ]
+
+if TYPE_CHECKING:
+    from agentrl.envs.checker import CheckReport, check_env
+    from agentrl.envs.client import RemoteEnv
+
+# Imported on first use: they pull in jsonschema and httpx, which `agentrl --help` does not need.
+_LAZY = {"CheckReport": "agentrl.envs.checker", "check_env": "agentrl.envs.checker",
+         "RemoteEnv": "agentrl.envs.client"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'agentrl.envs' has no attribute {name!r}")
+
 
 load_plugins()
