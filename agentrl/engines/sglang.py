@@ -92,12 +92,11 @@ class SGLangEngine:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            headers=headers,
-        )
+        self.connect_timeout_s = connect_timeout_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # httpx connection pools belong to one event loop; keep one client per loop so the
+        # engine can be used from successive asyncio.run() calls (as sync trainer code does).
+        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
         self._version = weight_version
         self._groups: dict[str, Any] = {}
 
@@ -106,6 +105,17 @@ class SGLangEngine:
         return self._version
 
     # ------------------------------------------------------------------ HTTP plumbing
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        for key, (old_loop, _) in list(self._clients.items()):
+            if old_loop.is_closed():
+                del self._clients[key]  # its connections died with their loop
+        entry = self._clients.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            entry = (loop, httpx.AsyncClient(base_url=self.base_url, headers=self._headers))
+            self._clients[id(loop)] = entry
+        return entry[1]
 
     async def _call(
         self,
@@ -117,11 +127,12 @@ class SGLangEngine:
         timeout_s: float | None = None,
     ) -> httpx.Response:
         retryable = _RETRY_IDEMPOTENT if idempotent else _RETRY_ALWAYS
-        timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self._client.timeout.connect)
+        timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.connect_timeout_s)
+        client = self._client()
         delay = 0.2
         for attempt in range(self.retries + 1):
             try:
-                resp = await self._client.request(method, path, json=body, timeout=timeout)
+                resp = await client.request(method, path, json=body, timeout=timeout)
             except retryable as e:
                 if attempt == self.retries:
                     raise EngineUnavailableError(
@@ -267,6 +278,35 @@ class SGLangEngine:
             "abort_all_requests": abort_all_requests,
         }
         resp = await self._call("POST", "/update_weights_from_disk", body)
+        self._raise_weight_update(resp, "/update_weights_from_disk")
+        self._version = new_version
+        return new_version
+
+    def update_weights_sync(
+        self,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        version: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Blocking ``/update_weights_from_disk`` for sync code (broadcasts need the async API)."""
+        if state_dict is not None or path is None:
+            raise WeightUpdateError(
+                "update_weights_sync on a remote engine takes path=... only; broadcast a state_dict with "
+                "await connect_weights_update_group(...) and await update_weights(state_dict=...)"
+            )
+        new_version = self._version + 1 if version is None else version
+        body = {"model_path": str(path), "weight_version": str(new_version)}
+        url = f"{self.base_url}/update_weights_from_disk"
+        try:
+            resp = httpx.post(url, json=body, headers=self._headers, timeout=timeout or self.timeout_s)
+        except httpx.TimeoutException as e:
+            raise EngineTimeoutError(
+                f"POST {url} exceeded its deadline of {timeout or self.timeout_s} s"
+            ) from e
+        except httpx.HTTPError as e:
+            raise EngineUnavailableError(f"POST {url} failed: {type(e).__name__}: {e}") from e
         self._raise_weight_update(resp, "/update_weights_from_disk")
         self._version = new_version
         return new_version
@@ -425,7 +465,9 @@ class SGLangEngine:
         self._raise_weight_update(resp, "/destroy_weights_update_group")
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        entry = self._clients.pop(id(asyncio.get_running_loop()), None)
+        if entry is not None:
+            await entry[1].aclose()
 
     async def __aenter__(self) -> SGLangEngine:
         return self

@@ -245,3 +245,20 @@ async def test_real_sglang_server_speaks_the_same_api(weights_dirs: dict[int, Pa
         g = await eng.generate([1, 2, 3], sp(temperature=0.0, max_new_tokens=8))
         assert len(g.output_ids) == len(g.logprobs) == 8
         assert await eng.update_weights(path=weights_dirs[1]) == 1
+
+
+def test_client_works_across_event_loops_and_from_sync_code(
+    server: SGLangServer, weights_dirs: dict[int, Path]
+) -> None:
+    eng = SGLangEngine(server.base_url, timeout_s=60)
+    params = sp(max_new_tokens=4, seed=1)
+    first = asyncio.run(eng.generate([1, 2], params))
+    second = asyncio.run(
+        eng.generate([1, 2], params)
+    )  # a new loop: the client must not reuse dead connections
+    assert first.output_ids == second.output_ids
+    current = int(httpx.get(f"{server.base_url}/get_weight_version").json()["weight_version"])
+    assert eng.update_weights_sync(path=weights_dirs[0], version=current + 1) == current + 1
+    assert httpx.get(f"{server.base_url}/get_weight_version").json() == {"weight_version": str(current + 1)}
+    with pytest.raises(WeightUpdateError, match="path=... only"):
+        eng.update_weights_sync(state_dict={})
