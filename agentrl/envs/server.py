@@ -49,7 +49,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from agentrl.envs.core import Env, coerce_action
-from agentrl.envs.errors import EnvError, InvalidActionError, UnknownEnvError
+from agentrl.envs.errors import InvalidActionError, UnknownEnvError
 from agentrl.envs.registry import make, spec
 from agentrl.envs.server_config import ServerConfig
 from agentrl.types import Message, ToolSpec
@@ -166,6 +166,7 @@ class _State:
         self.counters: Counter[str] = Counter()
         self.latencies: deque[float] = deque(maxlen=10_000)
         self.started = time.time()
+        self.pending = 0
 
     def forget(self, ep: _Episode, reason: str) -> None:
         self.episodes.pop(ep.id, None)
@@ -339,19 +340,22 @@ def create_app(config: ServerConfig) -> FastAPI:
             env_id = resolved
         else:
             env_id = body.env_id
-        if len(state.episodes) >= config.max_episodes:
+        if len(state.episodes) + state.pending >= config.max_episodes:
             state.counters["episodes_rejected"] += 1
             raise _HTTPError(429, f"the live-episode cap of {config.max_episodes} is reached; close finished "
                                   "episodes (DELETE /episodes/{id}), retry later, or raise --max-episodes",
                              headers={"Retry-After": "1"})
+        state.pending += 1  # holds a slot while the env is built, so concurrent creates respect the cap
         try:
             env = await asyncio.wait_for(asyncio.to_thread(make, env_id, **body.kwargs), config.step_timeout_s)
         except asyncio.TimeoutError:
             raise _HTTPError(504, f"building {env_id!r} exceeded the {config.step_timeout_s:g} s deadline",
                              "timeout") from None
-        except (TypeError, ValueError, EnvError) as e:
+        except Exception as e:  # a constructor that rejects its kwargs, or a broken env: the caller learns which
             raise _HTTPError(422, f"cannot build {env_id!r} with kwargs {body.kwargs!r}: "
                                   f"{type(e).__name__}: {e}") from None
+        finally:
+            state.pending -= 1
         ep = _Episode(id=secrets.token_hex(8), env_id=env_id, env=env)
         state.episodes[ep.id] = ep
         state.counters["episodes_created"] += 1

@@ -274,3 +274,16 @@ def test_remote_env_typed_errors_and_no_unsafe_retry(url: str) -> None:
     with pytest.raises(EnvServerError, match="unknown env 'nope-v0'") as se:
         RemoteEnv(url, "nope-v0").reset()
     assert se.value.status == 404 and se.value.infra_error is None
+
+
+def test_cap_holds_under_concurrent_creates() -> None:
+    config = ServerConfig(env_ids=["countdown-v0"], max_episodes=5)
+    with ServerThread(config) as url:
+        async def main() -> list[int]:
+            async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+                rs = await asyncio.gather(*(c.post("/episodes", json={"env_id": "countdown-v0"}) for _ in range(20)))
+                return [r.status_code for r in rs]
+
+        codes = asyncio.run(main())
+        assert sorted(codes) == [201] * 5 + [429] * 15
+        assert httpx.get(url + "/health").json()["live_episodes"] == 5
