@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from sandbox_helpers import get_backend
 
-from agentrl.envs.sandbox import Sandbox
+from agentrl.envs.sandbox import Sandbox, SandboxPool
 from agentrl.envs.sandbox.pool import Backend
 
 
@@ -20,10 +20,22 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return get_backend(request.param)
 
 
+_pools: dict[str, SandboxPool] = {}
+
+
 @pytest.fixture
 def sandbox(backend: Backend) -> Iterator[Sandbox]:
-    sb = backend.create()
-    try:
+    """A sandbox leased from a warm pool per backend: each test gets a recycled (wiped) or fresh one,
+    so every attack also checks that recycling leaves nothing behind for the next test."""
+    pool = _pools.get(backend.name)
+    if pool is None:
+        pool = _pools[backend.name] = SandboxPool(backend, size=2)
+    with pool.lease() as sb:
         yield sb
-    finally:
-        sb.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_pools() -> Iterator[None]:
+    yield
+    for pool in _pools.values():
+        pool.close()

@@ -166,7 +166,8 @@ def test_python_fork_bomb_hits_the_pids_limit(sandbox: Sandbox) -> None:
 
 def test_shell_fork_bomb_is_contained(sandbox: Sandbox) -> None:
     r = sandbox.run(cmd="b() { b | b & }; b; sleep 2", timeout=3)
-    assert r.reason in ("pids", "timeout", "exited"), r
+    # Which limit the shell meets first depends on the machine's load; it is never the sandbox's failure.
+    assert r.reason in ("pids", "timeout", "exited", "signal", "memory") and not r.infra_error, r
     _still_usable(sandbox)
 
 
