@@ -18,8 +18,9 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.hf import HFEngine
+from agentrl.engines.launcher import launch_sglang_server
 from agentrl.engines.protocol import Engine, FinishReason, Generation
-from agentrl.engines.sglang import SGLangEngine, launch_sglang_server
+from agentrl.engines.sglang import SGLangEngine
 
 __all__ = [
     "ContextLengthError",

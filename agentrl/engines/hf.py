@@ -1,13 +1,11 @@
 """The embedded engine: continuous batching over a transformers causal LM, in-process.
 
-One background thread owns the model. Requests arrive from any thread or event
-loop; at every iteration the thread (1) applies aborts and weight updates,
-(2) admits waiting requests with one left-padded prefill (their first token is
-sampled from it), and (3) runs one batched decode step for every running
-request. A request leaves the batch the step it finishes. The KV cache of the
-running batch is one ``DynamicCache`` whose rows are left-padded to a common
-length; an explicit 4-D attention mask hides the padding and each row carries
-its own position ids, so a row computes what it would compute alone.
+:class:`HFEngine` validates requests in the caller's thread (bad input raises there and
+never reaches the batch), then hands them to the engine thread
+(:mod:`agentrl.engines.scheduler`), which batches every running request into one
+decode step. The running batch's KV cache is left-padded with an explicit 4-D mask
+and per-row positions (:mod:`agentrl.engines.batch`), so a row computes what it would
+compute alone.
 
 Randomness is per request: each request owns a ``torch.Generator`` (seeded from
 ``SamplingParams.seed``, else from the engine's seed sequence) and draws one
@@ -29,29 +27,24 @@ import inspect
 import itertools
 import logging
 import os
-import threading
-import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import ValidationError
 
-from agentrl.engines.batch import KVBatch, PrefixCache
+from agentrl.engines.batch import PrefixCache
 from agentrl.engines.errors import (
     ContextLengthError,
-    EngineRequestError,
     EngineTimeoutError,
-    EngineUnavailableError,
     InvalidSamplingError,
     InvalidTokenError,
     WeightUpdateError,
 )
-from agentrl.engines.protocol import FinishReason, Generation
-from agentrl.engines.sampling import SamplingBatch, sample
+from agentrl.engines.protocol import Generation
+from agentrl.engines.scheduler import Request, Scheduler
 from agentrl.engines.weights import StagedWeights, load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
@@ -91,42 +84,6 @@ def load_causal_lm(
     from agentrl.models import load_model
 
     return load_model(str(name_or_path), dtype=dtype, device=str(device))
-
-
-@dataclass(eq=False)
-class _Request:
-    rid: str
-    prompt: list[int]
-    params: SamplingParams
-    stop_ids: frozenset[int]
-    generator: torch.Generator
-    future: concurrent.futures.Future[Generation]
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    abort_requested: bool = False
-    arrived: float = field(default_factory=time.monotonic)
-    first_token_at: float = 0.0
-    cached_tokens: int = 0
-    epoch: int = 0  # the engine's KV epoch when prefilled (KV from another epoch is never cached)
-
-
-@dataclass
-class _Update:
-    apply: Callable[[], int]
-    future: concurrent.futures.Future[int]
-    drain: bool
-
-
-def _resolve(
-    fut: concurrent.futures.Future[Any], value: Any = None, exc: BaseException | None = None
-) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
 
 
 class HFEngine:
@@ -199,35 +156,33 @@ class HFEngine:
         )
         self._mask_dtype = next(model.parameters()).dtype
         self._seeds = itertools.count(seed * 1_000_003 + 1)
-        self._version = weight_version
-
-        self._cv = threading.Condition()
-        self._waiting: list[_Request] = []
-        self._running: list[_Request] = []
-        self._by_id: dict[str, _Request] = {}
-        self._updates: list[_Update] = []
         self._staged: dict[str, StagedWeights] = {}
         self._groups: dict[str, Any] = {}
-        self._closed = False
-        self._epoch = 0
-        self._kv: KVBatch | None = None  # KV of the running batch, rows aligned with self._running
-        self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self.min_prefix_reuse = min_prefix_reuse
-        self.stats: dict[str, int] = {
-            "requests": 0,
-            "generated_tokens": 0,
-            "prefill_tokens": 0,
-            "cached_prompt_tokens": 0,
-            "steps": 0,
-        }
-        self._thread = threading.Thread(target=self._loop, name="agentrl-hf-engine", daemon=True)
-        self._thread.start()
+        self._sched = Scheduler(
+            self._forward,
+            self.device,
+            max_batch_size=max_batch_size,
+            max_prefill_tokens=max_prefill_tokens,
+            max_context=self.max_context,
+            prefix_cache_bytes=prefix_cache_bytes,
+            min_prefix_reuse=min_prefix_reuse,
+            weight_version=weight_version,
+        )
 
     # ------------------------------------------------------------------ public API
 
     @property
     def weight_version(self) -> int:
-        return self._version
+        return self._sched.version
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: requests, generated_tokens, prefill_tokens, cached_prompt_tokens, steps."""
+        return self._sched.stats
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        return self._sched.prefix_cache
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
@@ -237,7 +192,7 @@ class HFEngine:
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
-            self._abort(self._rid_of(fut))
+            self._sched.abort(self._rid_of(fut))
             raise
 
     def generate_sync(
@@ -253,7 +208,7 @@ class HFEngine:
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
-            self._abort(self._rid_of(fut))
+            self._sched.abort(self._rid_of(fut))
             raise EngineTimeoutError(
                 f"generate did not finish within {timeout} s (request aborted)"
             ) from None
@@ -277,25 +232,17 @@ class HFEngine:
         gen.manual_seed(params.seed if params.seed is not None else next(self._seeds))
         fut: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if ignore_eos else self.eos_token_ids)
-        req = _Request(rid, prompt, params, stop_ids, gen, fut)
+        req = Request(rid, prompt, params, stop_ids, gen, fut)
         fut.request_id = rid  # type: ignore[attr-defined]
-        with self._cv:
-            if self._closed:
-                raise EngineUnavailableError("the engine is closed; create a new HFEngine")
-            if rid in self._by_id:
-                raise EngineRequestError(f"request id {rid!r} is already running; use a unique request_id")
-            self._by_id[rid] = req
-            self._waiting.append(req)
-            self.stats["requests"] += 1
-            self._cv.notify_all()
+        self._sched.add(req)
         return fut
 
     async def abort(self, request_id: str) -> bool:
         """Stop a request; its ``generate`` returns the tokens so far with finish_reason "abort"."""
-        return self._abort(request_id)
+        return self._sched.abort(request_id)
 
     def abort_sync(self, request_id: str) -> bool:
-        return self._abort(request_id)
+        return self._sched.abort(request_id)
 
     async def update_weights(
         self,
@@ -343,25 +290,15 @@ class HFEngine:
             raise WeightUpdateError("update_weights needs exactly one of state_dict=... or path=...")
         tensors = dict(state_dict) if state_dict is not None else load_safetensors_dir(Path(path))  # type: ignore[arg-type]
         targets = validate_state_dict(self.model, tensors)
-        return self._queue_update(lambda: self._copy_weights(targets, tensors, version), drain)
+        return self._sched.queue_update(lambda: self._copy_weights(targets, tensors, version), drain)
 
     async def flush_cache(self) -> None:
         """Drop the prompt-prefix cache (KV that no running request needs)."""
-        await asyncio.wrap_future(self._queue_update(self._flush, drain=False))
-
-    def _flush(self) -> int:
-        self.prefix_cache.clear()
-        self._epoch += 1
-        return self._version
+        await asyncio.wrap_future(self._sched.queue_update(self._sched.flush_prefix_cache, drain=False))
 
     async def abort_all(self) -> int:
         """Abort every waiting and running request; returns how many were aborted."""
-        with self._cv:
-            live = [r for r in self._by_id.values() if not r.future.done()]
-            for r in live:
-                r.abort_requested = True
-            self._cv.notify_all()
-        return len(live)
+        return self._sched.abort_all()
 
     # torch.distributed weight transfer (the SGLang endpoint names; see agentrl.engines.weights)
 
@@ -421,10 +358,10 @@ class HFEngine:
         staged.tensors.update(received)
         version = _as_version(weight_version)
         if not flush_cache:
-            return self._version
+            return self.weight_version
         tensors = self._staged.pop(group_name).tensors
         targets = validate_state_dict(self.model, tensors)
-        fut = self._queue_update(lambda: self._copy_weights(targets, tensors, version), False)
+        fut = self._sched.queue_update(lambda: self._copy_weights(targets, tensors, version), False)
         return await asyncio.wrap_future(fut)
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
@@ -437,15 +374,15 @@ class HFEngine:
         destroy_weight_update_group(group)
 
     async def health(self) -> dict[str, Any]:
-        with self._cv:
-            return {
-                "status": "closed" if self._closed else "ok",
-                "model": self.model_name,
-                "weight_version": self._version,
-                "running": len(self._running),
-                "waiting": len(self._waiting),
-                **self.stats,
-            }
+        counts = self._sched.counts()
+        return {
+            "status": "closed" if counts["closed"] else "ok",
+            "model": self.model_name,
+            "weight_version": self.weight_version,
+            "running": counts["running"],
+            "waiting": counts["waiting"],
+            **self.stats,
+        }
 
     def model_info(self) -> dict[str, Any]:
         return {
@@ -454,17 +391,12 @@ class HFEngine:
             "max_context": self.max_context,
             "device": str(self.device),
             "dtype": str(self._mask_dtype).replace("torch.", ""),
-            "weight_version": self._version,
+            "weight_version": self.weight_version,
         }
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; pending and running requests end with finish_reason "abort"."""
-        with self._cv:
-            if self._closed:
-                return
-            self._closed = True
-            self._cv.notify_all()
-        self._thread.join(timeout)
+        self._sched.close(timeout)
 
     def __enter__(self) -> HFEngine:
         return self
@@ -502,136 +434,6 @@ class HFEngine:
     def _rid_of(fut: concurrent.futures.Future[Generation]) -> str:
         return str(getattr(fut, "request_id", ""))
 
-    # ------------------------------------------------------------------ engine thread
-
-    def _abort(self, rid: str) -> bool:
-        with self._cv:
-            req = self._by_id.get(rid)
-            if req is None or req.future.done():
-                return False
-            req.abort_requested = True
-            self._cv.notify_all()
-            return True
-
-    def _queue_update(self, apply: Callable[[], int], drain: bool) -> concurrent.futures.Future[int]:
-        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
-        with self._cv:
-            if self._closed:
-                raise EngineUnavailableError("the engine is closed; create a new HFEngine")
-            self._updates.append(_Update(apply, fut, drain))
-            self._cv.notify_all()
-        return fut
-
-    @torch.no_grad()
-    def _copy_weights(
-        self, targets: dict[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], version: int | None
-    ) -> int:
-        for name, dst in targets.items():
-            dst.copy_(tensors[name])
-        self.prefix_cache.clear()  # KV computed by the old weights is never reused by new requests
-        self._epoch += 1
-        self._version = self._version + 1 if version is None else version
-        return self._version
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not (
-                    self._closed or self._waiting or self._running or self._updates or self._aborts_pending()
-                ):
-                    self._cv.wait()
-                if self._closed:
-                    break
-            try:
-                self._iteration()
-            except Exception as e:  # a model failure must not kill the engine: fail the batch, keep serving
-                log.exception("engine step failed")
-                self._fail_running(EngineUnavailableError(f"engine step failed: {type(e).__name__}: {e}"))
-        self._shutdown()
-
-    def _aborts_pending(self) -> bool:
-        return any(r.abort_requested for r in self._by_id.values())
-
-    def _iteration(self) -> None:
-        self._apply_aborts()
-        draining = self._apply_updates()
-        if not draining:
-            self._admit()
-        if self._running:
-            self._decode()
-
-    def _apply_updates(self) -> bool:
-        """Apply queued updates in order; return True while a drain update waits for the batch to empty."""
-        while True:
-            with self._cv:
-                if not self._updates:
-                    return False
-                upd = self._updates[0]
-                if upd.drain and self._running:
-                    return True
-                self._updates.pop(0)
-            try:
-                _resolve(upd.future, upd.apply())
-            except Exception as e:
-                _resolve(upd.future, exc=WeightUpdateError(f"weight update failed: {e}"))
-
-    def _apply_aborts(self) -> None:
-        with self._cv:
-            waiting_aborted = [r for r in self._waiting if r.abort_requested]
-            self._waiting = [r for r in self._waiting if not r.abort_requested]
-        for r in waiting_aborted:
-            self._finish(r, "abort")
-        keep = [i for i, r in enumerate(self._running) if not r.abort_requested]
-        if len(keep) != len(self._running):
-            for i, r in enumerate(self._running):
-                if r.abort_requested:
-                    self._remember(i)
-                    self._finish(r, "abort")
-            self._select_rows(keep)
-
-    def _finish(self, req: _Request, reason: FinishReason) -> None:
-        gen = Generation(
-            output_ids=list(req.output),
-            logprobs=list(req.logprobs),
-            finish_reason=reason,
-            weight_version=self._version,
-            weight_versions=list(req.versions),
-            request_id=req.rid,
-            prompt_tokens=len(req.prompt),
-            meta={
-                "cached_tokens": req.cached_tokens,
-                "queue_s": (req.first_token_at or time.monotonic()) - req.arrived,
-                "e2e_s": time.monotonic() - req.arrived,
-            },
-        )
-        with self._cv:
-            self._by_id.pop(req.rid, None)
-        _resolve(req.future, gen)
-
-    def _fail_running(self, exc: EngineUnavailableError) -> None:
-        for r in self._running:
-            with self._cv:
-                self._by_id.pop(r.rid, None)
-            _resolve(r.future, exc=exc)
-        self._running = []
-        self._kv = None
-
-    def _shutdown(self) -> None:
-        with self._cv:
-            pending = self._waiting + self._running
-            self._waiting = []
-        for r in pending:
-            self._finish(r, "abort")
-        self._running = []
-        self._kv = None
-        for upd in self._updates:
-            _resolve(
-                upd.future,
-                exc=EngineUnavailableError("the engine was closed before the weight update applied"),
-            )
-
-    # -- batching
-
     def _forward(
         self, input_ids: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor, cache: Any
     ) -> torch.Tensor:
@@ -651,107 +453,14 @@ class HFEngine:
         )
         return out.logits[:, -1, :]
 
-    def _admit(self) -> None:
-        with self._cv:
-            room = self.max_batch_size - len(self._running)
-            batch: list[_Request] = []
-            longest = 0
-            for r in self._waiting:
-                if len(batch) >= room:
-                    break
-                longest_if = max(longest, len(r.prompt))
-                if batch and longest_if * (len(batch) + 1) > self.max_prefill_tokens:
-                    break
-                batch.append(r)
-                longest = longest_if
-            self._waiting = self._waiting[len(batch) :]
-        if not batch:
-            return
-        now = time.monotonic()
-        for r in batch:
-            r.first_token_at = now
-            r.epoch = self._epoch
-        # Prompts that extend a cached sequence prefill only their suffix, one at a time;
-        # the others share one left-padded prefill.
-        fresh: list[_Request] = []
-        for r in batch:
-            hit = self.prefix_cache.lookup(r.prompt, self.min_prefix_reuse)
-            if hit is None:
-                fresh.append(r)
-                continue
-            n, kv = hit
-            logits, kvb = KVBatch.prefill_suffix(self._forward, kv, r.prompt[n:], self.device)
-            self.stats["prefill_tokens"] += len(r.prompt) - n
-            self.stats["cached_prompt_tokens"] += n
-            r.cached_tokens = n
-            self._join([r], kvb, logits)
-        if fresh:
-            logits, kvb = KVBatch.prefill(self._forward, [r.prompt for r in fresh], self.device)
-            self.stats["prefill_tokens"] += sum(len(r.prompt) for r in fresh)
-            for i, r in enumerate(fresh):
-                self.prefix_cache.put(r.prompt, kvb.row(i))
-            self._join(fresh, kvb, logits)
-
-    def _join(self, reqs: list[_Request], kvb: KVBatch, logits: torch.Tensor) -> None:
-        """Add freshly prefilled requests to the running batch and sample their first tokens."""
-        self._kv = kvb if self._kv is None or not self._running else self._kv.extend(kvb)
-        self._running = self._running + reqs
-        self._sample_and_advance(logits, reqs)
-
-    def _remember(self, i: int) -> None:
-        """Put running row ``i``'s KV (prompt + output but the last token) into the prefix cache."""
-        r = self._running[i]
-        if self._kv is None or r.epoch != self._epoch or self.prefix_cache.max_bytes <= 0:
-            return
-        tokens = r.prompt + r.output[:-1]
-        if int(self._kv.mask[i].sum()) == len(tokens):
-            self.prefix_cache.put(tokens, self._kv.row(i))
-
-    def _select_rows(self, keep: list[int]) -> None:
-        """Keep only rows ``keep`` of the running batch."""
-        self._kv = self._kv.select(keep) if self._kv is not None else None
-        self._running = [self._running[i] for i in keep]
-
-    def _decode(self) -> None:
-        assert self._kv is not None
-        reqs = self._running
-        tokens = torch.tensor([[r.output[-1]] for r in reqs], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[len(r.prompt) + len(r.output) - 1] for r in reqs], device=self.device)
-        logits = self._kv.decode(self._forward, tokens, positions)
-        self.stats["steps"] += 1
-        self._sample_and_advance(logits, reqs)
-
-    def _sample_and_advance(self, logits: torch.Tensor, reqs: list[_Request]) -> None:
-        """Sample one token for each of ``reqs`` (rows of ``logits``), record it, and retire finished requests."""
-        params = SamplingBatch.build(
-            [r.params.temperature for r in reqs],
-            [r.params.top_p for r in reqs],
-            [r.params.top_k for r in reqs],
-            device=logits.device,
-        )
-        uniforms = torch.cat([torch.rand(1, generator=r.generator) for r in reqs])
-        toks, lps = sample(logits, params, uniforms)
-        version = self._version
-        done: list[tuple[_Request, FinishReason]] = []
-        for r, t, lp in zip(reqs, toks.tolist(), lps.tolist(), strict=True):
-            r.output.append(t)
-            r.logprobs.append(lp)
-            r.versions.append(version)
-            if t in r.stop_ids:
-                done.append((r, "stop"))
-            elif (
-                len(r.output) >= r.params.max_new_tokens or len(r.prompt) + len(r.output) >= self.max_context
-            ):
-                done.append((r, "length"))
-        self.stats["generated_tokens"] += len(reqs)
-        if done:
-            finished = {id(r) for r, _ in done}
-            for i, r in enumerate(self._running):
-                if id(r) in finished:
-                    self._remember(i)
-            for r, reason in done:
-                self._finish(r, reason)
-            self._select_rows([i for i, r in enumerate(self._running) if id(r) not in finished])
+    @torch.no_grad()
+    def _copy_weights(
+        self, targets: dict[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], version: int | None
+    ) -> int:
+        """Engine thread only, between two steps: overwrite the weights, then bump the version."""
+        for name, dst in targets.items():
+            dst.copy_(tensors[name])
+        return self._sched.weights_changed(version)
 
 
 def _as_version(v: int | str | None) -> int | None:

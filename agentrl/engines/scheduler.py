@@ -1,0 +1,381 @@
+"""The engine thread: admission, batched prefill and decode, sampling, retirement, updates.
+
+:class:`Scheduler` owns the running batch and every queue. Any thread may add a
+request, flag an abort or queue an update (under one condition variable); only the
+engine thread touches the model, the KV batch and the prefix cache. Each iteration:
+apply aborts, apply queued updates (a ``drain`` update first waits for the running
+batch to empty, with admission paused), admit waiting requests (one left-padded
+prefill; prompts that extend a cached sequence prefill only their suffix), then one
+batched decode step. A request's first token is sampled from its prefill; it leaves
+the batch the step it finishes. A failing step fails the running requests with
+:class:`EngineUnavailableError` and the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentrl.engines.batch import Forward, KVBatch, PrefixCache
+from agentrl.engines.errors import EngineRequestError, EngineUnavailableError, WeightUpdateError
+from agentrl.engines.protocol import FinishReason, Generation
+from agentrl.engines.sampling import SamplingBatch, sample
+from agentrl.types import SamplingParams
+
+__all__ = ["Request", "Scheduler", "Update", "resolve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request and its progress (owned by the engine thread once queued)."""
+
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    generator: torch.Generator
+    future: concurrent.futures.Future[Generation]
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    abort_requested: bool = False
+    arrived: float = field(default_factory=time.monotonic)
+    first_token_at: float = 0.0
+    cached_tokens: int = 0
+    epoch: int = 0  # the engine's KV epoch when prefilled (KV from another epoch is never cached)
+
+
+@dataclass
+class Update:
+    """A queued weight update (or cache flush) for the engine thread."""
+
+    apply: Callable[[], int]
+    future: concurrent.futures.Future[int]
+    drain: bool
+
+
+def resolve(fut: concurrent.futures.Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
+    """Complete ``fut`` unless it already is (a cancelled caller, a racing abort)."""
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+class Scheduler:
+    """Runs the engine thread over ``forward`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        forward: Forward,
+        device: torch.device,
+        *,
+        max_batch_size: int,
+        max_prefill_tokens: int,
+        max_context: int,
+        prefix_cache_bytes: int,
+        min_prefix_reuse: int,
+        weight_version: int,
+    ) -> None:
+        self.forward = forward
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_context = max_context
+        self.min_prefix_reuse = min_prefix_reuse
+        self.version = weight_version
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "generated_tokens": 0,
+            "prefill_tokens": 0,
+            "cached_prompt_tokens": 0,
+            "steps": 0,
+        }
+        self._cv = threading.Condition()
+        self._waiting: list[Request] = []
+        self._running: list[Request] = []
+        self._by_id: dict[str, Request] = {}
+        self._updates: list[Update] = []
+        self._closed = False
+        self._epoch = 0  # bumped whenever cached KV becomes invalid (new weights, flush)
+        self._kv: KVBatch | None = None  # KV of the running batch, rows aligned with self._running
+        self._thread = threading.Thread(target=self._loop, name="agentrl-engine", daemon=True)
+        self._thread.start()
+
+    # -- any thread
+
+    def add(self, req: Request) -> None:
+        with self._cv:
+            if self._closed:
+                raise EngineUnavailableError("the engine is closed; create a new HFEngine")
+            if req.rid in self._by_id:
+                raise EngineRequestError(
+                    f"request id {req.rid!r} is already running; use a unique request_id"
+                )
+            self._by_id[req.rid] = req
+            self._waiting.append(req)
+            self.stats["requests"] += 1
+            self._cv.notify_all()
+
+    def abort_all(self) -> int:
+        with self._cv:
+            live = [r for r in self._by_id.values() if not r.future.done()]
+            for r in live:
+                r.abort_requested = True
+            self._cv.notify_all()
+        return len(live)
+
+    def counts(self) -> dict[str, Any]:
+        with self._cv:
+            return {"closed": self._closed, "running": len(self._running), "waiting": len(self._waiting)}
+
+    def close(self, timeout: float) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout)
+
+    def abort(self, rid: str) -> bool:
+        """Flag a live request for abort (any thread); False if unknown or already finished."""
+        with self._cv:
+            req = self._by_id.get(rid)
+            if req is None or req.future.done():
+                return False
+            req.abort_requested = True
+            self._cv.notify_all()
+            return True
+
+    def queue_update(self, apply: Callable[[], int], drain: bool) -> concurrent.futures.Future[int]:
+        """Run ``apply`` in the engine thread between two steps (after the batch empties if ``drain``)."""
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        with self._cv:
+            if self._closed:
+                raise EngineUnavailableError("the engine is closed; create a new HFEngine")
+            self._updates.append(Update(apply, fut, drain))
+            self._cv.notify_all()
+        return fut
+
+    def weights_changed(self, version: int | None) -> int:
+        """Record new weights (engine thread only): drop old-weight KV, set and return the version."""
+        self.prefix_cache.clear()  # KV computed by the old weights is never reused by new requests
+        self._epoch += 1
+        self.version = self.version + 1 if version is None else version
+        return self.version
+
+    def flush_prefix_cache(self) -> int:
+        self.prefix_cache.clear()
+        self._epoch += 1
+        return self.version
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (
+                    self._closed or self._waiting or self._running or self._updates or self._aborts_pending()
+                ):
+                    self._cv.wait()
+                if self._closed:
+                    break
+            try:
+                self._iteration()
+            except Exception as e:  # a model failure must not kill the engine: fail the batch, keep serving
+                log.exception("engine step failed")
+                self._fail_running(EngineUnavailableError(f"engine step failed: {type(e).__name__}: {e}"))
+        self._shutdown()
+
+    def _aborts_pending(self) -> bool:
+        return any(r.abort_requested for r in self._by_id.values())
+
+    def _iteration(self) -> None:
+        self._apply_aborts()
+        draining = self._apply_updates()
+        if not draining:
+            self._admit()
+        if self._running:
+            self._decode()
+
+    def _apply_updates(self) -> bool:
+        """Apply queued updates in order; return True while a drain update waits for the batch to empty."""
+        while True:
+            with self._cv:
+                if not self._updates:
+                    return False
+                upd = self._updates[0]
+                if upd.drain and self._running:
+                    return True
+                self._updates.pop(0)
+            try:
+                resolve(upd.future, upd.apply())
+            except Exception as e:
+                resolve(upd.future, exc=WeightUpdateError(f"weight update failed: {e}"))
+
+    def _apply_aborts(self) -> None:
+        with self._cv:
+            waiting_aborted = [r for r in self._waiting if r.abort_requested]
+            self._waiting = [r for r in self._waiting if not r.abort_requested]
+        for r in waiting_aborted:
+            self._finish(r, "abort")
+        keep = [i for i, r in enumerate(self._running) if not r.abort_requested]
+        if len(keep) != len(self._running):
+            for i, r in enumerate(self._running):
+                if r.abort_requested:
+                    self._remember(i)
+                    self._finish(r, "abort")
+            self._select_rows(keep)
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        gen = Generation(
+            output_ids=list(req.output),
+            logprobs=list(req.logprobs),
+            finish_reason=reason,
+            weight_version=self.version,
+            weight_versions=list(req.versions),
+            request_id=req.rid,
+            prompt_tokens=len(req.prompt),
+            meta={
+                "cached_tokens": req.cached_tokens,
+                "queue_s": (req.first_token_at or time.monotonic()) - req.arrived,
+                "e2e_s": time.monotonic() - req.arrived,
+            },
+        )
+        with self._cv:
+            self._by_id.pop(req.rid, None)
+        resolve(req.future, gen)
+
+    def _fail_running(self, exc: EngineUnavailableError) -> None:
+        for r in self._running:
+            with self._cv:
+                self._by_id.pop(r.rid, None)
+            resolve(r.future, exc=exc)
+        self._running = []
+        self._kv = None
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            pending = self._waiting + self._running
+            self._waiting = []
+        for r in pending:
+            self._finish(r, "abort")
+        self._running = []
+        self._kv = None
+        for upd in self._updates:
+            resolve(
+                upd.future,
+                exc=EngineUnavailableError("the engine was closed before the weight update applied"),
+            )
+
+    def _admit(self) -> None:
+        with self._cv:
+            room = self.max_batch_size - len(self._running)
+            batch: list[Request] = []
+            longest = 0
+            for r in self._waiting:
+                if len(batch) >= room:
+                    break
+                longest_if = max(longest, len(r.prompt))
+                if batch and longest_if * (len(batch) + 1) > self.max_prefill_tokens:
+                    break
+                batch.append(r)
+                longest = longest_if
+            self._waiting = self._waiting[len(batch) :]
+        if not batch:
+            return
+        now = time.monotonic()
+        for r in batch:
+            r.first_token_at = now
+            r.epoch = self._epoch
+        # Prompts that extend a cached sequence prefill only their suffix, one at a time;
+        # the others share one left-padded prefill.
+        fresh: list[Request] = []
+        for r in batch:
+            hit = self.prefix_cache.lookup(r.prompt, self.min_prefix_reuse)
+            if hit is None:
+                fresh.append(r)
+                continue
+            n, kv = hit
+            logits, kvb = KVBatch.prefill_suffix(self.forward, kv, r.prompt[n:], self.device)
+            self.stats["prefill_tokens"] += len(r.prompt) - n
+            self.stats["cached_prompt_tokens"] += n
+            r.cached_tokens = n
+            self._join([r], kvb, logits)
+        if fresh:
+            logits, kvb = KVBatch.prefill(self.forward, [r.prompt for r in fresh], self.device)
+            self.stats["prefill_tokens"] += sum(len(r.prompt) for r in fresh)
+            for i, r in enumerate(fresh):
+                self.prefix_cache.put(r.prompt, kvb.row(i))
+            self._join(fresh, kvb, logits)
+
+    def _join(self, reqs: list[Request], kvb: KVBatch, logits: torch.Tensor) -> None:
+        """Add freshly prefilled requests to the running batch and sample their first tokens."""
+        self._kv = kvb if self._kv is None or not self._running else self._kv.extend(kvb)
+        self._running = self._running + reqs
+        self._sample_and_advance(logits, reqs)
+
+    def _remember(self, i: int) -> None:
+        """Put running row ``i``'s KV (prompt + output but the last token) into the prefix cache."""
+        r = self._running[i]
+        if self._kv is None or r.epoch != self._epoch or self.prefix_cache.max_bytes <= 0:
+            return
+        tokens = r.prompt + r.output[:-1]
+        if int(self._kv.mask[i].sum()) == len(tokens):
+            self.prefix_cache.put(tokens, self._kv.row(i))
+
+    def _select_rows(self, keep: list[int]) -> None:
+        """Keep only rows ``keep`` of the running batch."""
+        self._kv = self._kv.select(keep) if self._kv is not None else None
+        self._running = [self._running[i] for i in keep]
+
+    def _decode(self) -> None:
+        assert self._kv is not None
+        reqs = self._running
+        tokens = torch.tensor([[r.output[-1]] for r in reqs], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[len(r.prompt) + len(r.output) - 1] for r in reqs], device=self.device)
+        logits = self._kv.decode(self.forward, tokens, positions)
+        self.stats["steps"] += 1
+        self._sample_and_advance(logits, reqs)
+
+    def _sample_and_advance(self, logits: torch.Tensor, reqs: list[Request]) -> None:
+        """Sample one token for each of ``reqs`` (rows of ``logits``), record it, and retire finished requests."""
+        params = SamplingBatch.build(
+            [r.params.temperature for r in reqs],
+            [r.params.top_p for r in reqs],
+            [r.params.top_k for r in reqs],
+            device=logits.device,
+        )
+        uniforms = torch.cat([torch.rand(1, generator=r.generator) for r in reqs])
+        toks, lps = sample(logits, params, uniforms)
+        version = self.version
+        done: list[tuple[Request, FinishReason]] = []
+        for r, t, lp in zip(reqs, toks.tolist(), lps.tolist(), strict=True):
+            r.output.append(t)
+            r.logprobs.append(lp)
+            r.versions.append(version)
+            if t in r.stop_ids:
+                done.append((r, "stop"))
+            elif (
+                len(r.output) >= r.params.max_new_tokens or len(r.prompt) + len(r.output) >= self.max_context
+            ):
+                done.append((r, "length"))
+        self.stats["generated_tokens"] += len(reqs)
+        if done:
+            finished = {id(r) for r, _ in done}
+            for i, r in enumerate(self._running):
+                if id(r) in finished:
+                    self._remember(i)
+            for r, reason in done:
+                self._finish(r, reason)
+            self._select_rows([i for i, r in enumerate(self._running) if id(r) not in finished])
