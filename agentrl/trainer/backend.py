@@ -259,7 +259,11 @@ class FSDP2Backend:
                 count += 1
         return {k: v / count for k, v in sums.items()}
 
-    def _update(self, batch: TrainBatch) -> dict[str, float]:
+    def sft_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One supervised update: mean negative log-likelihood of the ``loss_mask`` tokens."""
+        return self._update(batch, sft=True)
+
+    def _update(self, batch: TrainBatch, sft: bool = False) -> dict[str, float]:
         num_tokens = self._all_sum(float(batch.loss_mask[:, 1:].sum()))
         num_seqs = self._all_sum(float(len(batch)))
         if num_tokens == 0:
@@ -273,7 +277,7 @@ class FSDP2Backend:
                 mb, weight = batch.select(groups[i]).to(self.device), 1.0
             else:  # keep collectives matched across ranks
                 mb, weight = batch.select([0]).to(self.device), 0.0
-            loss, stats = self._micro_loss(mb, num_tokens, num_seqs)
+            loss, stats = self._sft_loss(mb, num_tokens) if sft else self._micro_loss(mb, num_tokens, num_seqs)
             (loss * weight * self.world).backward()
             if weight:
                 for k, v in stats.items():
@@ -290,6 +294,14 @@ class FSDP2Backend:
         out["grad_norm"] = grad_norm
         out["lr"] = float(self.scheduler.get_last_lr()[0])
         return out
+
+    def _sft_loss(self, mb: TrainBatch, num_tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+        logp, _, _ = self._forward(self.model, mb)
+        mask = mb.loss_mask[:, 1:]
+        loss = -(logp * mask).sum() / num_tokens
+        with torch.no_grad():
+            correct = float(((logp > -0.6931) * mask).sum())  # p > 1/2: the token is the argmax
+        return loss, {"loss": float(loss.detach()), "token_acc_tok": correct}
 
     def _micro_loss(self, mb: TrainBatch, num_tokens: float, num_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the mini-batch loss; stats are token-weighted sums (suffix ``_tok``)."""

@@ -1,12 +1,104 @@
-"""Subcommands of `agentrl` contributed by agentrl.trainer."""
+"""Subcommands of `agentrl` contributed by agentrl.trainer: ``train``, ``sft``, ``eval``.
+
+All three take the flags generated from :mod:`agentrl.trainer.config` (and
+``--config run.toml``); ``eval`` adds ``--model PATH`` semantics (any checkpoint
+directory or model name) and evaluates greedily on the held-out seeds.
+"""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 __all__ = ["register"]
 
 
+def _resolve(args: argparse.Namespace) -> Any:
+    from agentrl.trainer.config import resolve
+
+    return resolve(args)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from agentrl.trainer.loop import train
+
+    cfg = _resolve(args)  # config errors before any model loads
+    train(cfg)
+    return 0
+
+
+def _sft(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+    import time
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentrl.trainer.config import to_toml
+    from agentrl.trainer.loop import _resolve_run_dir, build_runtime, evaluate, run_sft, seed_everything
+    from agentrl.trainer.metrics import MetricsLogger
+
+    cfg = _resolve(args)
+    console = Console()
+    run_dir = _resolve_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+    seed_everything(cfg.run.seed)
+    rt = build_runtime(cfg)
+    log = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard)
+    t0 = time.perf_counter()
+    try:
+        before = evaluate(rt)
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.fields[info]}"), console=console, disable=not cfg.run.progress)
+        with progress:
+            stats = run_sft(rt, log, progress)
+        after = evaluate(rt)
+        log.log("eval", 0, after)
+        out = Path(run_dir) / "model"
+        rt.policy.save_pretrained(str(out))
+        rt.tokenizer.save_pretrained(str(out))
+        console.print(f"SFT on {int(stats['examples'])} oracle episodes of {cfg.rollout.env!r}: "
+                      f"eval reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f} "
+                      f"({cfg.rollout.eval_episodes} held-out seeds), {time.perf_counter() - t0:.1f} s")
+        console.print(f"model: {out}")
+        (Path(run_dir) / "summary.json").write_text(json.dumps(
+            {"eval_before": before, "eval_after": after, "sft": stats, "config": dataclasses.asdict(cfg)}, indent=1))
+    finally:
+        log.close()
+        rt.close()
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from agentrl.trainer.loop import build_runtime, evaluate
+
+    cfg = _resolve(args)
+    rt = build_runtime(cfg)
+    try:
+        ev = evaluate(rt)
+    finally:
+        rt.close()
+    Console().print(
+        f"{cfg.model.model} on {cfg.rollout.env!r}, {int(ev['eval/episodes'])} held-out seeds from "
+        f"{cfg.rollout.eval_seed_offset} (greedy): reward {ev['eval/reward']:.3f}, solved {ev['eval/solved']:.3f}"
+    )
+    return 0
+
+
 def register(sub: Any) -> None:
-    """Add this package's subcommands to the `agentrl` parser's subparsers."""
-    del sub
+    """Add ``train``, ``sft`` and ``eval`` to the `agentrl` parser's subparsers."""
+    from agentrl.trainer.config import add_cli_flags
+
+    for name, func, text in (
+        ("train", _train, "train a model on an environment (SFT warm start on oracle episodes, then GRPO/PPO)"),
+        ("sft", _sft, "supervised warm start only: train on the env's oracle episodes, save the model"),
+        ("eval", _eval, "evaluate a model or checkpoint directory (--model PATH) on held-out seeds, greedily"),
+    ):
+        p = sub.add_parser(name, help=text, description=text)
+        add_cli_flags(p)
+        p.set_defaults(func=func)

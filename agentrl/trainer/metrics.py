@@ -1,0 +1,115 @@
+"""Run metrics: JSONL (always), TensorBoard and wandb (optional), the end-of-run plot and table.
+
+Each record is one train step (``kind="train"``), an evaluation (``kind="eval"``)
+or the warm start (``kind="sft"``), with a flat ``{name: float}`` dict. The JSONL
+file is the source of truth; :func:`plot` and :func:`summary_table` read it back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsLogger", "plot", "read_jsonl", "summary_table"]
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, wandb: bool = False, config: dict[str, Any] | None = None) -> None:
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self._f = self.path.open("a")
+        self._tb: Any = None
+        self._wandb: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.dir / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wb
+            except ImportError as e:
+                from agentrl.errors import ConfigError
+
+                raise ConfigError("--wandb needs the wandb package: pip install 'agentrl[wandb]'") from e
+            self._wandb = wb.init(project="agentrl", dir=str(self.dir), config=config or {})
+
+    def log(self, kind: str, step: int, values: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        self._f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **clean}) + "\n")
+        self._f.flush()
+        if self._tb is not None:
+            for k, v in clean.items():
+                self._tb.add_scalar(f"{kind}/{k}" if "/" not in k else k, v, step)
+        if self._wandb is not None:
+            self._wandb.log({f"{kind}/{k}": v for k, v in clean.items()}, step=step)
+
+    def close(self) -> None:
+        self._f.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot(path: str | Path, out: str | Path) -> Path:
+    """Reward (train rollouts) and held-out eval reward against the train step, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(path)
+    train = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax = axes[0]
+    ax.plot([r["step"] for r in train], [r.get("rollout/reward", float("nan")) for r in train], label="train reward")
+    ax.plot([r["step"] for r in evals], [r.get("eval/reward", float("nan")) for r in evals], "o-", label="eval reward (held-out)")
+    ax.set_xlabel("train step")
+    ax.set_ylabel("reward")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    for key in ("time/rollout", "time/train", "time/sync"):
+        ax.plot([r["step"] for r in train], [r.get(key, float("nan")) for r in train], label=key.split("/")[1])
+    ax.set_xlabel("train step")
+    ax.set_ylabel("seconds")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def summary_table(path: str | Path) -> Any:
+    """A rich Table: eval reward at the start and end of RL, train reward, time split."""
+    from rich.table import Table
+
+    rows = read_jsonl(path)
+    train = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    t = Table(title="agentrl run summary")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    if evals:
+        t.add_row(f"eval reward, start of RL (step {evals[0]['step']})", f"{evals[0].get('eval/reward', float('nan')):.3f}")
+        t.add_row(f"eval reward, end of RL (step {evals[-1]['step']})", f"{evals[-1].get('eval/reward', float('nan')):.3f}")
+    if train:
+        k = max(1, len(train) // 5)
+        first = sum(r.get("rollout/reward", 0.0) for r in train[:k]) / k
+        last = sum(r.get("rollout/reward", 0.0) for r in train[-k:]) / k
+        t.add_row(f"train reward, first/last {k} steps", f"{first:.3f} → {last:.3f}")
+        for key in ("time/rollout", "time/train", "time/sync"):
+            t.add_row(f"{key} per step (mean s)", f"{sum(r.get(key, 0.0) for r in train) / len(train):.3f}")
+        t.add_row("train steps", str(len(train)))
+    return t

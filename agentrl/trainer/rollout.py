@@ -1,0 +1,211 @@
+"""The rollout manager: tasks from the env's seeds, G episodes per task, trajectories out.
+
+Every episode is an agent loop through the session manager (which owns
+tokenization and the token ledger) and the engine behind it::
+
+    messages = env.reset(seed)                         # task = seed
+    repeat until done or max_turns:
+        reply = await sessions.chat(sid, messages, env.tools, sampling)
+        obs, reward, terminated, truncated, _ = env.step(reply)
+        messages += [reply, *obs]
+    trajectories = sessions.close(sid)                 # exact tokens, loss mask, logprobs, versions
+
+All episodes of a step run concurrently, so the engine batches them. A failure
+is classified, never silently scored:
+
+- **model error** (the conversation outgrew the context): the episode keeps the reward it
+  earned so far and is trained on, marked ``status="model_error"``;
+- **infrastructure error** (env crash, engine/session failure, episode deadline): the
+  episode is retried on a fresh env with the same seed, up to ``max_infra_retries`` times;
+  if it still fails its whole group is dropped (a group is trained only when complete).
+
+Everything is counted in :attr:`RolloutResult.metrics`. Sampling is seeded per
+(task, episode, turn, attempt), so a rollout does not depend on batching order and a
+resumed run reproduces the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.trainer.errors import RolloutError
+from agentrl.types import Message, SamplingParams, Trajectory
+
+__all__ = ["Episode", "RolloutManager", "RolloutResult", "episode_seed"]
+
+
+def episode_seed(*parts: int | str) -> int:
+    """A stable 31-bit sampling seed from the episode's coordinates."""
+    return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+@dataclass
+class Episode:
+    """One finished episode: its trajectories (one per ledger segment) and outcome."""
+
+    seed: int
+    group_id: str
+    reward: float
+    trajectories: list[Trajectory]
+    status: str = "ok"
+    error: str | None = None
+    turns: int = 0
+    attempts: int = 1
+    completion_tokens: int = 0
+    truncated: bool = False
+
+
+@dataclass
+class RolloutResult:
+    groups: list[list[Episode]]
+    """complete groups only, in task order"""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def episodes(self) -> list[Episode]:
+        return [e for g in self.groups for e in g]
+
+
+class _ModelError(Exception):
+    pass
+
+
+class RolloutManager:
+    """Runs groups of episodes of ``env_factory()`` envs through ``sessions`` (a SessionManager)."""
+
+    def __init__(
+        self,
+        env_factory: Callable[[], Any],
+        sessions: Any,
+        *,
+        max_new_tokens: int = 32,
+        max_turns: int = 4,
+        max_infra_retries: int = 2,
+        episode_timeout_s: float = 120.0,
+    ) -> None:
+        self.env_factory, self.sessions = env_factory, sessions
+        self.max_new_tokens, self.max_turns = max_new_tokens, max_turns
+        self.max_infra_retries, self.episode_timeout_s = max_infra_retries, episode_timeout_s
+
+    # ------------------------------------------------------------ one episode
+
+    async def _episode_once(self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int) -> Episode:
+        from agentrl.engines.errors import ContextLengthError
+
+        env = self.env_factory()
+        sid = self.sessions.create()
+        reward, turns, truncated = 0.0, 0, False
+        status, error = "ok", None
+        completion = 0
+        try:
+            messages, _ = await asyncio.to_thread(env.reset, seed=seed)
+            tools = list(env.tools) or None
+            history: list[Message] = list(messages)
+            done = False
+            while not done and turns < self.max_turns:
+                sampling = SamplingParams.model_validate({
+                    "temperature": temperature, "max_new_tokens": self.max_new_tokens,
+                    "seed": episode_seed(salt, seed, index, turns, attempt),
+                })
+                try:
+                    res = await self.sessions.chat_completion(sid, history, tools, sampling)
+                except ContextLengthError as e:
+                    status, error, truncated = "model_error", f"context full at turn {turns}: {e}", True
+                    break
+                turns += 1
+                completion += res.completion_tokens
+                reply = res.message
+                obs, r, terminated, trunc, _ = await asyncio.to_thread(env.step, reply)
+                reward += float(r)
+                history += [reply, *obs]
+                done = bool(terminated or trunc)
+                truncated = bool(trunc) or (not done and turns >= self.max_turns)
+            trajs = self.sessions.trajectories(sid)
+        finally:
+            if sid in self.sessions:
+                self.sessions.close(sid)
+            close = getattr(env, "close", None)
+            if close is not None:
+                await asyncio.to_thread(close)
+        out = [
+            t.model_copy(update={"reward": reward, "group_id": group_id, "episode_id": f"{group_id}/{index}",
+                                 "status": status, "error": error, "truncated": truncated, "num_turns": turns})
+            for t in trajs
+        ]
+        return Episode(seed, group_id, reward, out, status, error, turns, attempt + 1, completion, truncated)
+
+    async def episode(self, seed: int, group_id: str, index: int, temperature: float, salt: int = 0) -> Episode:
+        """One episode with infrastructure retries; a final failure returns ``status="infra_error"``."""
+        last = ""
+        for attempt in range(self.max_infra_retries + 1):
+            try:
+                return await asyncio.wait_for(
+                    self._episode_once(seed, group_id, index, temperature, attempt, salt), self.episode_timeout_s
+                )
+            except asyncio.TimeoutError:
+                last = f"episode deadline of {self.episode_timeout_s} s passed"
+            except Exception as e:  # noqa: BLE001 - classified below, never crashes the other episodes
+                last = f"{type(e).__name__}: {e}"
+                if not isinstance(e, Exception) or _is_bug(e):
+                    last += "\n" + traceback.format_exc(limit=3)
+        return Episode(seed, group_id, 0.0, [], "infra_error", last, attempts=self.max_infra_retries + 1)
+
+    # ------------------------------------------------------------ groups
+
+    async def arun(
+        self, task_seeds: Sequence[int], group_size: int, temperature: float, *, salt: int = 0
+    ) -> RolloutResult:
+        t0 = time.perf_counter()
+        jobs = [
+            self.episode(seed, f"s{seed}", i, temperature, salt) for seed in task_seeds for i in range(group_size)
+        ]
+        episodes = await asyncio.gather(*jobs)
+        groups: list[list[Episode]] = []
+        counts: Counter[str] = Counter()
+        errors: list[str] = []
+        for k in range(len(task_seeds)):
+            group = list(episodes[k * group_size : (k + 1) * group_size])
+            for e in group:
+                counts[f"episodes_{e.status}"] += 1
+                counts["infra_retries"] += e.attempts - 1
+                if e.status == "infra_error" and e.error:
+                    errors.append(e.error)
+            if any(e.status == "infra_error" or not e.trajectories for e in group):
+                counts["groups_dropped"] += 1
+                continue
+            groups.append(group)
+        if not groups:
+            raise RolloutError(
+                f"all {len(task_seeds)} groups failed; first infrastructure error: {errors[0] if errors else 'none'}"
+            )
+        done = [e for g in groups for e in g]
+        metrics = {
+            "rollout/seconds": time.perf_counter() - t0,
+            "rollout/reward": sum(e.reward for e in done) / len(done),
+            "rollout/turns": sum(e.turns for e in done) / len(done),
+            "rollout/completion_tokens": sum(e.completion_tokens for e in done) / len(done),
+            "rollout/truncated_frac": sum(e.truncated for e in done) / len(done),
+            "rollout/groups": float(len(groups)),
+            "rollout/groups_dropped": float(counts["groups_dropped"]),
+            "rollout/episodes_ok": float(counts["episodes_ok"]),
+            "rollout/episodes_model_error": float(counts["episodes_model_error"]),
+            "rollout/episodes_infra_error": float(counts["episodes_infra_error"]),
+            "rollout/infra_retries": float(counts["infra_retries"]),
+            "rollout/segments_per_episode": sum(len(e.trajectories) for e in done) / len(done),
+        }
+        return RolloutResult(groups, metrics)
+
+    def run(self, task_seeds: Sequence[int], group_size: int, temperature: float, *, salt: int = 0) -> RolloutResult:
+        return asyncio.run(self.arun(task_seeds, group_size, temperature, salt=salt))
+
+
+def _is_bug(e: BaseException) -> bool:
+    """Programming errors get a short traceback in the recorded reason."""
+    return isinstance(e, (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionError))

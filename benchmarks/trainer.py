@@ -1,0 +1,165 @@
+"""GRPO training throughput: agentrl vs TRL's ``GRPOTrainer`` on the same model, task and shapes.
+
+Both sides train the same tiny model (same initial weights, float32, CPU) on the
+countdown task (single turn; the prompt is the env's, rendered with the model's
+chat template), with the same group size G, the same number of completions per
+optimizer step, the same maximum completion length (generation stops at the
+model's end-of-turn token on both sides), temperature 1, no KL term (beta = 0), one
+optimizer update per batch, and the env's own reward. A "sample" is one completion
+that went through generation, reward and a gradient update; samples/s counts
+``steps * batch`` over the wall time of the measured steps (a warm-up step is
+excluded on both sides). agentrl's number is the whole loop: rollout through the
+session manager and the engine, the update, and the weight sync into the engine.
+Sides alternate for ``--rounds`` rounds and the best round of each is reported, so
+load from other processes on a shared machine does not land on one side only.
+
+    python benchmarks/trainer.py [--model tiny] [--steps 4] [--group-size 4] [--prompts 4] [--max-new-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def agentrl_round(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
+    from agentrl.trainer.backend import FSDP2Backend
+    from agentrl.trainer.config import resolve
+    from agentrl.trainer.loop import _train_step, build_runtime
+    from agentrl.trainer.weight_sync import InProcessSync
+
+    cfg = resolve(
+        model=model_dir, group_size=args.group_size, tasks_per_step=args.prompts, max_new_tokens=args.max_new_tokens,
+        lr=1e-5, clip_high=0.2, threads=args.threads, sft_steps=0,
+    )
+    rt = build_runtime(cfg)
+    be = FSDP2Backend(rt.policy, cfg.algo, cfg.optim, device="cpu")
+    sync = InProcessSync(rt.engine)
+    split = {"rollout": [], "train": [], "sync": []}
+    try:
+        t_start = 0.0
+        for step in range(args.steps + 1):
+            if step == 1:
+                t_start = time.perf_counter()
+            t0 = time.perf_counter()
+            seeds = [step * args.prompts + i for i in range(args.prompts)]
+            res = rt.rollout.run(seeds, args.group_size, 1.0, salt=step)
+            t1 = time.perf_counter()
+            _train_step(cfg, rt, be, res.groups)
+            t2 = time.perf_counter()
+            sync.push(be.state_dict())
+            t3 = time.perf_counter()
+            if step >= 1:
+                split["rollout"].append(t1 - t0)
+                split["train"].append(t2 - t1)
+                split["sync"].append(t3 - t2)
+        wall = time.perf_counter() - t_start
+    finally:
+        rt.close()
+    out = {k: statistics.mean(v) for k, v in split.items()}
+    out["samples_per_s"] = args.steps * args.prompts * args.group_size / wall
+    return out
+
+
+def trl_round(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agentrl.envs import make
+    from environments.countdown.env import check_answer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    env = make("countdown")
+    rows = []
+    for seed in range(args.prompts * (args.steps + 1)):
+        msgs, info = env.reset(seed=seed)
+        rows.append({"prompt": [m.model_dump(exclude_none=True) for m in msgs],
+                     "numbers": info["numbers"], "target": info["target"]})
+    data = Dataset.from_list(rows)
+
+    def reward(completions: list[Any], numbers: list[list[int]], target: list[int], **_: Any) -> list[float]:
+        out = []
+        for c, n, t in zip(completions, numbers, target, strict=True):
+            text = c[-1]["content"] if isinstance(c, list) else str(c)
+            out.append(1.0 if check_answer(text, n, t)[0] else 0.0)
+        return out
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            self.t = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            times.append(time.perf_counter() - self.t)
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as out_dir:
+        cfg = GRPOConfig(
+            output_dir=out_dir, use_cpu=True, bf16=False, num_generations=args.group_size,
+            per_device_train_batch_size=args.prompts * args.group_size, gradient_accumulation_steps=1,
+            max_completion_length=args.max_new_tokens, max_steps=args.steps + 1, learning_rate=1e-5,
+            beta=0.0, temperature=1.0, report_to="none", logging_steps=1000, save_strategy="no",
+            dataloader_num_workers=0, seed=0, disable_tqdm=True,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
+                              callbacks=[Timer()])
+        trainer.train()
+    measured = times[1:]
+    return {"samples_per_s": len(measured) * args.prompts * args.group_size / sum(measured)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--steps", type=int, default=4, help="measured optimizer steps per round (plus one warm-up)")
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=4, help="tasks per step; completions per step = prompts * group size")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    from agentrl.models import resolve
+
+    model_dir = resolve(args.model)
+    ours: list[dict[str, float]] = []
+    theirs: list[dict[str, float]] = []
+    for _ in range(args.rounds):
+        ours.append(agentrl_round(args, model_dir))
+        theirs.append(trl_round(args, model_dir))
+    a = max(ours, key=lambda r: r["samples_per_s"])
+    t = max(theirs, key=lambda r: r["samples_per_s"])
+    batch = args.prompts * args.group_size
+    print(f"model {args.model}, countdown, G={args.group_size}, {batch} completions/step, "
+          f"max {args.max_new_tokens} new tokens, {args.steps} measured steps, best of {args.rounds} rounds")
+    print()
+    print("| trainer | samples/s | ratio |")
+    print("| --- | ---: | ---: |")
+    print(f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | 1.00x |")
+    print(f"| agentrl | {a['samples_per_s']:.1f} | {a['samples_per_s'] / t['samples_per_s']:.2f}x |")
+    print()
+    total = a["rollout"] + a["train"] + a["sync"]
+    print("| agentrl step split | seconds | share |")
+    print("| --- | ---: | ---: |")
+    for k in ("rollout", "train", "sync"):
+        print(f"| {k} | {a[k]:.3f} | {100 * a[k] / total:.0f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""The whole loop on a tiny model: artifacts, HF checkpoints, resume reproducing metrics, early config errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from agentrl.trainer.config import resolve
+from agentrl.trainer.loop import train
+from agentrl.trainer.metrics import read_jsonl
+
+FAST = {
+    "model": "tiny-qwen3", "group_size": 2, "tasks_per_step": 2, "max_new_tokens": 6, "eval_episodes": 4,
+    "sft_steps": 3, "sft_batch_size": 4, "eval_every": 0, "progress": False, "tensorboard": False,
+}
+
+
+def _quiet() -> Console:
+    return Console(file=open("/dev/null", "w"))  # noqa: SIM115
+
+
+def test_train_writes_run_dir_and_resume_reproduces_metrics(tmp_path):
+    full = train(resolve(**FAST, steps=4, checkpoint_every=2, run_dir=str(tmp_path / "a")), console=_quiet())
+    a = tmp_path / "a"
+    for name in ("config.toml", "metrics.jsonl", "reward.png", "summary.json"):
+        assert (a / name).exists(), name
+    assert resolve(toml=a / "config.toml").run.steps == 4
+    assert full.eval_start is not None and full.eval_end is not None
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(full.final_model)  # a plain HF directory
+    train(resolve(**FAST, steps=4, resume=str(a / "checkpoints" / "step-2"), run_dir=str(tmp_path / "b")), console=_quiet())
+    rows_a = {r["step"]: r for r in read_jsonl(a / "metrics.jsonl") if r["kind"] == "train"}
+    rows_b = {r["step"]: r for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if r["kind"] == "train"}
+    assert sorted(rows_b) == [3, 4]
+    for step in (3, 4):
+        for key in ("rollout/reward", "rollout/completion_tokens", "train/loss", "train/grad_norm"):
+            assert rows_b[step][key] == pytest.approx(rows_a[step][key], rel=1e-4, abs=1e-6), (step, key)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["train", "--group-size", "1"], "rollout.group_size=1"),
+        (["train", "--num-minibatches", "3"], "algo.num_minibatches=3"),
+        (["train", "--env", "nope"], "nope"),
+    ],
+)
+def test_bad_config_fails_fast_naming_the_field(args, needle, tmp_path):
+    p = _cli(*args, "--run-dir", str(tmp_path / "r"))
+    assert p.returncode == 1, p.stderr
+    assert needle in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_unknown_toml_key_fails(tmp_path):
+    (tmp_path / "run.toml").write_text("[algo]\nkl_coeff = 0.1\n")
+    p = _cli("train", "--config", str(tmp_path / "run.toml"))
+    assert p.returncode == 1 and "unknown key 'kl_coeff'" in p.stderr and "kl_coef" in p.stderr
+
+
+def test_eval_command_on_a_checkpoint(tmp_path):
+    s = train(resolve(**FAST, steps=1, run_dir=str(tmp_path / "a")), console=_quiet())
+    p = _cli("eval", "--model", s.final_model, "--eval-episodes", "3", "--max-new-tokens", "4")
+    assert p.returncode == 0, p.stderr
+    assert "3 held-out seeds" in p.stdout and "reward" in p.stdout
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 1
