@@ -28,6 +28,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.engines.errors import EngineRequestError
 from agentrl.engines.protocol import Engine, Generation
 from agentrl.session.audit import AuditReport, audit_segment
 from agentrl.session.errors import (
@@ -356,6 +357,13 @@ class SessionManager:
                 f"the engine did not answer within {self.engine_timeout_s:g}s for session {session_id!r} "
                 f"({len(input_ids)} prompt tokens); nothing was recorded, retry the turn"
             ) from None
+        except (
+            EngineRequestError
+        ) as e:  # the prompt itself is unacceptable (too long, ...): the caller's to fix
+            self.counters["tito/engine_rejections"] += 1
+            raise SessionRequestError(
+                f"the engine rejected the turn for session {session_id!r}: {e}; nothing was recorded"
+            ) from e
         except Exception as e:
             self.counters["tito/engine_errors"] += 1
             raise SessionEngineError(
