@@ -25,13 +25,8 @@ from agentrl.engines import (
     InvalidTokenError,
     WeightUpdateError,
 )
-from agentrl.engines.sglang import (
-    SGLangEngine,
-    SGLangServer,
-    launch_server,
-    launch_sglang_server,
-    sglang_command,
-)
+from agentrl.engines.launcher import SGLangServer, launch_server, launch_sglang_server, sglang_command
+from agentrl.engines.sglang import SGLangEngine
 
 pytestmark = pytest.mark.anyio
 
