@@ -21,7 +21,6 @@ the engine spent generating, over the engine time.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import statistics
@@ -45,7 +44,29 @@ TOOLS = [
         )
     )
 ]
-WORDS = "the of and to in is for on that by with as at from this value result error line file data".split()
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "for",
+    "on",
+    "that",
+    "by",
+    "with",
+    "as",
+    "at",
+    "from",
+    "this",
+    "value",
+    "result",
+    "error",
+    "line",
+    "file",
+    "data",
+]
 
 
 def tool_result(rng: random.Random, n_words: int = 300) -> str:
