@@ -206,12 +206,16 @@ class Sandbox:
         """Run Python ``code`` (a fresh interpreter state, or the persistent one) or a shell ``cmd``.
 
         ``files`` are written into the work dir first (relative paths); ``return_files`` are read
-        back after the run. Raises SandboxInputError for bad input, SandboxLost if the sandbox is
-        gone, LeaseExpired after a pool lease ran out; everything the code does is in the result.
+        back after the run. Raises SandboxInputError for bad input, SandboxLost if the sandbox was
+        already gone before the call, LeaseExpired after a pool lease ran out. Everything else is in
+        the result, including a sandbox that dies during the run (``reason="sandbox_lost"``).
         """
         req = validate_run(self.limits, code, cmd, files, stdin, timeout, return_files, persistent)
         self._check_usable()
-        reply = self._request(req, req["timeout"] + HOST_GRACE_S)
+        try:
+            reply = self._request(req, req["timeout"] + HOST_GRACE_S)
+        except SandboxLost as e:  # it died under this run: a result the caller retries elsewhere
+            return ExecResult("sandbox_lost", None, None, "", str(e), backend=self.backend)
         if reply is None:  # the host deadline passed: the executor is wedged, so the sandbox is gone
             return ExecResult("timeout", None, None, "", "", wall_time=req["timeout"], backend=self.backend)
         if "error" in reply and "reason" not in reply:
@@ -257,10 +261,10 @@ class Sandbox:
                 f"sandbox {self.ident} was destroyed when its lease TTL ran out; release sandboxes "
                 "when an episode ends, or raise SandboxPool(lease_ttl=...)"
             )
-        if self.closed:
-            raise SandboxLost(f"sandbox {self.ident} is closed; acquire a new one")
         if self.lost:
             raise SandboxLost(f"sandbox {self.ident} died earlier; acquire a new one")
+        if self.closed:
+            raise SandboxLost(f"sandbox {self.ident} is closed; acquire a new one")
 
     def _lose(self) -> None:
         self.lost = True

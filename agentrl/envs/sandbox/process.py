@@ -262,6 +262,10 @@ class ProcessBackend:
             "--size",
             str(lim.disk_bytes),
             "--tmpfs",
+            "/dev/shm",
+            "--size",
+            str(lim.disk_bytes),
+            "--tmpfs",
             "/tmp",
             "--size",
             str(lim.disk_bytes),
@@ -324,7 +328,7 @@ class ProcessBackend:
             for name, path in cgroup.counter_files().items():
                 if path.exists():
                     args += ["--ro-bind", str(path), f"/run/agentrl/{name}"]
-        args += ["--remount-ro", "/", self.python, "-I", "-S", self._executor_path]
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", self.python, "-I", "-S", self._executor_path]
         kw: dict[str, Any] = {}
         if self._as_nobody:
             kw = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from sandbox_helpers import REPO, TEST_LIMITS, get_backend
 
-from agentrl.envs.sandbox import LeaseExpired, Limits, SandboxPool, make_backend
+from agentrl.envs.sandbox import LeaseExpired, Limits, SandboxLost, SandboxPool, make_backend
 from agentrl.envs.sandbox.pool import Backend
 
 REAPER_INTERVAL_S = 2.0
@@ -56,12 +56,10 @@ def test_dead_sandbox_is_not_recycled() -> None:
         assert pool.wait_ready(30)
         sb = pool.acquire()
         sb._channel.proc.kill()  # type: ignore[attr-defined]  # the sandbox dies under the lease
-        r = None
-        try:
-            r = sb.run("print(1)")
-        except Exception as e:  # SandboxLost: an infrastructure failure, never a result of the code
-            assert type(e).__name__ == "SandboxLost"
-        assert r is None
+        r = sb.run("print(1)")
+        assert r.reason == "sandbox_lost" and r.infra_error, r  # the sandbox's failure, not the code's
+        with pytest.raises(SandboxLost, match="died earlier; acquire a new one"):
+            sb.run("print(1)")
         pool.release(sb)
         assert pool.stats.destroyed == 1
         with pool.lease() as sb2:
@@ -143,7 +141,7 @@ def test_reaper_removes_containers_of_dead_owners() -> None:
         network_mode="none",
     )
     c.start()
-    assert backend.reap() >= 1
+    backend.reap()  # (a live pool's own reaper thread may get there first: either way it must go)
     with pytest.raises(docker.errors.NotFound):
         c.reload()
 

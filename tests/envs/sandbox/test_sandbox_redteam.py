@@ -94,6 +94,14 @@ def test_writes_outside_the_work_dir_fail(sandbox: Sandbox, target: str) -> None
     _still_usable(sandbox)
 
 
+def test_dev_is_read_only_and_shm_is_capped(sandbox: Sandbox) -> None:
+    r = sandbox.run(cmd="touch /dev/evil; echo x > /dev/null && echo null-ok; df -k /dev/shm | tail -1")
+    assert r.reason == "exited" and "null-ok" in r.stdout, r
+    assert "evil" not in sandbox.run(cmd="ls /dev").stdout
+    assert int(r.stdout.strip().splitlines()[-1].split()[1]) <= 64 * 1024  # KiB: a bounded tmpfs
+    _still_usable(sandbox)
+
+
 def test_write_to_canary_path_does_not_reach_host(sandbox: Sandbox, canary: tuple[Path, str]) -> None:
     f, _ = canary
     r = sandbox.run(cmd=f"mkdir -p {f.parent} && echo pwned > {f} && echo wrote")
@@ -166,8 +174,10 @@ def test_python_fork_bomb_hits_the_pids_limit(sandbox: Sandbox) -> None:
 
 def test_shell_fork_bomb_is_contained(sandbox: Sandbox) -> None:
     r = sandbox.run(cmd="b() { b | b & }; b; sleep 2", timeout=3)
-    # Which limit the shell meets first depends on the machine's load; it is never the sandbox's failure.
-    assert r.reason in ("pids", "timeout", "exited", "signal", "memory") and not r.infra_error, r
+    # Which limit the shell meets first (pids, the deadline, CPU time, or its stderr flood of "can't
+    # fork" passing max_output) depends on the machine's load; it is never the sandbox's failure.
+    assert r.reason in ("pids", "timeout", "cpu_time", "output_limit", "exited", "signal", "memory"), r
+    assert not r.infra_error, r
     _still_usable(sandbox)
 
 
