@@ -10,7 +10,7 @@ measured in the same run, is the in-process call rate of ``env.step`` and of
 ``await env.astep`` (which hops to a worker thread, as the server does).
 
     python benchmarks/env_server.py                 # prints the markdown table
-    python benchmarks/env_server.py --seconds 10 --levels 1 64 1000
+    python benchmarks/env_server.py --seconds 10 --levels 1 64 1000 --repeat 5
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+    async def post(self, path: str, body: bytes, method: bytes = b"POST") -> tuple[int, bytes]:
         self.writer.write(
-            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            method + b" " + path.encode() + b" HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
         head = await self.reader.readuntil(b"\r\n\r\n")
@@ -110,6 +110,7 @@ async def _episode_worker(port: int, stop_at: list[float], latencies: list[float
                 latencies.append(time.perf_counter() - t0)
             else:
                 errors.append(f"step {status} {body[:100]!r}")
+        await conn.post(f"/episodes/{eid}", b"", method=b"DELETE")
     except (OSError, asyncio.IncompleteReadError) as e:
         errors.append(f"connection: {type(e).__name__}: {e}")
     writer.close()
@@ -165,6 +166,17 @@ def _in_process(seconds: float) -> tuple[float, float]:
     return sync_rate, asyncio.run(run())
 
 
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput; success and errors are summed over all runs."""
+    ordered = sorted(rows, key=lambda r: r["steps_per_s"])
+    row = dict(ordered[len(ordered) // 2])
+    row["errors"] = sum(r["errors"] for r in rows)
+    row["success"] = min(r["success"] for r in rows)
+    row["first_error"] = next((r["first_error"] for r in rows if r["first_error"]), "")
+    row["all_steps_per_s"] = [round(r["steps_per_s"]) for r in rows]
+    return row
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,6 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per concurrency level")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 64, 1000])
+    parser.add_argument("--repeat", type=int, default=3, help="runs per level; the table shows the median run")
     parser.add_argument("--env-threads", type=int, default=32, help="server worker threads for env code")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -205,19 +218,24 @@ def main() -> None:
                     err = server.stderr.read().decode() if server.stderr else ""
                     raise SystemExit(f"env server did not start: {err}") from None
                 time.sleep(0.1)
-        rows = [asyncio.run(_load(port, c, args.seconds)) for c in args.levels]
+        runs = [[asyncio.run(_load(port, c, args.seconds)) for c in args.levels] for _ in range(args.repeat)]
+        rows = [_median_row([run[i] for run in runs]) for i in range(len(args.levels))]
     finally:
         server.terminate()
         server.wait(timeout=10)
-    print(f"env server benchmark: trivial env, {os.cpu_count()} CPU cores, {args.seconds:g} s per level, "
-          f"server and load generator in separate processes (load generator on {loop_name})\n")
+    load = os.getloadavg()[0]
+    print(f"env server benchmark: trivial env, {os.cpu_count()} CPU cores (load average {load:.1f} at the end), "
+          f"{args.seconds:g} s per level, median of {args.repeat} runs; server and load generator in separate "
+          f"processes (load generator on {loop_name})\n")
     print(f"in-process baseline: env.step {sync_rate:,.0f} steps/s; await env.astep (worker thread) "
           f"{async_rate:,.0f} steps/s\n")
-    print("| concurrent episodes | steps/s over HTTP | p50 latency | p99 latency | success | HTTP / in-process astep |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| concurrent episodes | steps/s over HTTP | p50 latency | p99 latency | success | HTTP / in-process astep "
+          "| steps/s of each run |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         print(f"| {r['concurrency']:,} | {r['steps_per_s']:,.0f} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | "
-              f"{r['success']:.1f} % | {r['steps_per_s'] / async_rate:.2f}× |")
+              f"{r['success']:.1f} % | {r['steps_per_s'] / async_rate:.2f}× | "
+              f"{', '.join(f'{x:,}' for x in r['all_steps_per_s'])} |")
     for r in rows:
         if r["errors"]:
             print(f"\n{r['concurrency']} concurrent: {r['errors']} failed steps; first: {r['first_error']}")

@@ -13,8 +13,9 @@ Endpoints (JSON; the OpenAPI schema at ``/openapi.json`` describes every body)::
 
 Guarantees:
 
-- Env code runs off the event loop (``Env.areset``/``astep``; sync code in a
-  thread pool), so one slow env never stalls the others.
+- Env code runs off the event loop: sync ``reset``/``step`` on ``env_threads``
+  worker threads (native async ``areset``/``astep`` overrides are awaited), so
+  one slow env never stalls the others.
 - Every reset/step has a deadline (``step_timeout_s``). Past it the client gets
   504 with ``infra_error: "timeout"``, the episode is marked failed and refuses
   further steps; the server keeps serving. (A sync env stuck in a thread cannot
@@ -34,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import secrets
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -138,6 +141,71 @@ def _dump(messages: list[Message]) -> list[dict[str, Any]]:
     return [m.model_dump(exclude_none=True) for m in messages]
 
 
+# ------------------------------------------------------------- env workers
+class _EnvWorkers:
+    """Threads that run sync env code, posting results back to the event loop in batches.
+
+    ``run_in_executor`` wakes the loop once per finished call; under thousands of
+    concurrent episodes those wake-ups dominated. Here a worker appends its result
+    to a shared list and wakes the loop only if no drain is already scheduled, so
+    one wake-up delivers every result finished meanwhile. A call abandoned by its
+    deadline keeps its thread until it returns (Python cannot kill a thread).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
+        self.loop = loop
+        self.calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.finished: list[tuple[asyncio.Future[Any], bool, Any]] = []
+        self.lock = threading.Lock()
+        self.drain_scheduled = False
+        self.threads = [threading.Thread(target=self._work, name=f"agentrl-env-{i}", daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        future = self.loop.create_future()
+        self.calls.put((future, fn, args, kwargs))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self.calls.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            try:
+                result, ok = fn(*args, **kwargs), True
+            except BaseException as e:  # delivered to the awaiting request, which classifies it
+                result, ok = e, False
+            with self.lock:
+                self.finished.append((future, ok, result))
+                wake = not self.drain_scheduled
+                self.drain_scheduled = True
+            if wake:
+                with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+                    self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self.lock:
+            finished, self.finished = self.finished, []
+            self.drain_scheduled = False
+        for future, ok, result in finished:
+            if not future.done():
+                if ok:
+                    future.set_result(result)
+                else:
+                    future.set_exception(result)
+
+    def close(self) -> None:
+        for _ in self.threads:
+            self.calls.put(None)
+
+
+def _native(env: Env, name: str) -> bool:
+    """True when the env overrides ``areset``/``astep`` with its own async code."""
+    return getattr(type(env), name) is not getattr(Env, name)
+
+
 # -------------------------------------------------------------------- episodes
 @dataclass
 class _Episode:
@@ -167,6 +235,12 @@ class _State:
         self.latencies: deque[float] = deque(maxlen=10_000)
         self.started = time.time()
         self.pending = 0
+        self._workers: _EnvWorkers | None = None
+
+    def workers(self) -> _EnvWorkers:
+        if self._workers is None:
+            self._workers = _EnvWorkers(asyncio.get_running_loop(), self.config.env_threads)
+        return self._workers
 
     def forget(self, ep: _Episode, reason: str) -> None:
         self.episodes.pop(ep.id, None)
@@ -222,7 +296,12 @@ class _State:
         if ep.status == "failed":
             raise _HTTPError(409, f"episode {ep.id!r} failed with infra_error: {ep.infra_error}; "
                                   "create a new episode", ep.infra_error)
-        messages, info = await self.run(ep, "reset", lambda: ep.env.areset(seed=body.seed, options=body.options))
+        env = ep.env
+        if _native(env, "areset"):
+            messages, info = await self.run(ep, "reset", lambda: env.areset(seed=body.seed, options=body.options))
+        else:
+            messages, info = await self.run(
+                ep, "reset", lambda: self.workers().submit(env.reset, seed=body.seed, options=body.options))
         ep.status = "running"
         self.counters["resets"] += 1
         return {"messages": _dump(messages), "info": info}
@@ -241,7 +320,12 @@ class _State:
             action = coerce_action(body.action)
         except InvalidActionError as e:
             raise _HTTPError(422, f"episode {ep.id!r}: {e}") from None
-        messages, reward, terminated, truncated, info = await self.run(ep, "step", lambda: ep.env.astep(action))
+        env = ep.env
+        if _native(env, "astep"):
+            result = await self.run(ep, "step", lambda: env.astep(action))
+        else:
+            result = await self.run(ep, "step", lambda: self.workers().submit(env.step, action))
+        messages, reward, terminated, truncated, info = result
         if terminated or truncated:
             ep.status = "done"
         self.counters["steps"] += 1
@@ -278,6 +362,8 @@ def create_app(config: ServerConfig) -> FastAPI:
             for ep in list(state.episodes.values()):
                 state.forget(ep, "closed")
             executor.shutdown(wait=False, cancel_futures=True)
+            if state._workers is not None:
+                state._workers.close()
 
     app = FastAPI(title="agentrl env server", version="0.1.0", lifespan=lifespan,
                   description="Stateful episodes of registered agentrl environments.")
