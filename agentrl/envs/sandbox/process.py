@@ -315,7 +315,9 @@ class ProcessBackend:
         except (TimeoutError, SandboxLost, OSError) as e:
             channel.destroy()
             raise SandboxUnavailable(
-                f"bubblewrap sandbox failed to start: {e or 'no ready line in time'}"
+                f"bubblewrap sandbox failed to start: {e or 'no ready line in time'}; if bwrap cannot create "
+                "namespaces here (unprivileged user namespaces disabled by sysctl or AppArmor), run as root, "
+                "allow them, or use backend='docker'"
             ) from None
         return Sandbox(self.name, channel, self.limits, f"bwrap-{proc.pid}")
 
