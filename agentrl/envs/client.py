@@ -14,7 +14,8 @@ Every call has a connect and a read deadline. Failures are typed:
 :class:`EnvServerError` (any other 4xx/5xx; ``status``, ``detail`` and
 ``infra_error`` kept).
 
-Retries happen only where repeating cannot change the outcome: creating an
+A ``reset`` whose episode the server no longer has (reaped after its TTL)
+creates a new one. Retries happen only where repeating cannot change the outcome: creating an
 episode (on connection failure or 429/503, with backoff), ``reset`` (it replaces
 the episode state), ``close`` (idempotent), and any call whose connection
 failed before the request was sent. A ``step`` that may have reached the server
@@ -241,10 +242,18 @@ class RemoteEnv(Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        if self.episode_id is None:
-            self._created(self._request("POST", "/episodes", self._create_body(), safe=False, busy_retry=True))
-        out = self._request("POST", f"/episodes/{self.episode_id}/reset", self._reset_body(seed, options), safe=True)
-        return self._after_reset(out)
+        for fresh in (False, True):
+            if self.episode_id is None or fresh:
+                self._created(self._request("POST", "/episodes", self._create_body(), safe=False, busy_retry=True))
+            try:
+                out = self._request("POST", f"/episodes/{self.episode_id}/reset", self._reset_body(seed, options),
+                                    safe=True)
+            except EnvServerError as e:
+                if e.status == 404 and not fresh:  # reaped or failed episode: reset on a new one
+                    continue
+                raise
+            return self._after_reset(out)
+        raise AssertionError("unreachable")
 
     def step(self, action: Message) -> StepResult:
         action = coerce_action(action)
@@ -264,12 +273,19 @@ class RemoteEnv(Env):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        if self.episode_id is None:
-            self._created(await self._arequest("POST", "/episodes", self._create_body(), safe=False,
-                                               busy_retry=True))
-        out = await self._arequest("POST", f"/episodes/{self.episode_id}/reset", self._reset_body(seed, options),
-                                   safe=True)
-        return self._after_reset(out)
+        for fresh in (False, True):
+            if self.episode_id is None or fresh:
+                self._created(await self._arequest("POST", "/episodes", self._create_body(), safe=False,
+                                                   busy_retry=True))
+            try:
+                out = await self._arequest("POST", f"/episodes/{self.episode_id}/reset",
+                                           self._reset_body(seed, options), safe=True)
+            except EnvServerError as e:
+                if e.status == 404 and not fresh:
+                    continue
+                raise
+            return self._after_reset(out)
+        raise AssertionError("unreachable")
 
     async def astep(self, action: Message) -> StepResult:
         action = coerce_action(action)

@@ -22,6 +22,7 @@ from agentrl.envs import (
     StepResult,
     register,
 )
+from agentrl.envs.checker import check_env
 from agentrl.envs.client import RemoteEnv
 from agentrl.envs.server import ServerConfig, ServerThread
 from agentrl.types import Message
@@ -287,3 +288,24 @@ def test_cap_holds_under_concurrent_creates() -> None:
         codes = asyncio.run(main())
         assert sorted(codes) == [201] * 5 + [429] * 15
         assert httpx.get(url + "/health").json()["live_episodes"] == 5
+
+
+def test_remote_env_passes_check_env_and_oracle_is_opt_in(url: str) -> None:
+    assert httpx.post(url + "/episodes/x/oracle").status_code == 404  # not served by default: it leaks answers
+    with ServerThread(ServerConfig(env_ids=["calculator-v0"], expose_oracle=True)) as oracle_url:
+        report = check_env(lambda: RemoteEnv(oracle_url, "calculator-v0"))
+        assert {"oracle", "determinism", "bad-tool-call", "independence", "async", "close"} <= set(report.passed)
+        assert httpx.get(oracle_url + "/health").json()["live_episodes"] == 0  # check_env closed them all
+
+
+def test_remote_env_reset_recreates_a_reaped_episode() -> None:
+    config = ServerConfig(env_ids=["countdown-v0"], episode_ttl_s=0.2, reap_interval_s=0.05)
+    with ServerThread(config) as url:
+        env = RemoteEnv(url, "countdown-v0")
+        first, _ = env.reset(seed=1)
+        old = env.episode_id
+        deadline = time.monotonic() + 10
+        while httpx.get(url + "/health").json()["live_episodes"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert env.reset(seed=1)[0] == first and env.episode_id != old
+        env.close()
