@@ -29,6 +29,7 @@ import pydantic
 
 from agentrl.envs.core import Env, StepResult
 from agentrl.envs.errors import RegistrationError, ToolError
+from agentrl.envs.rubric import Rubric
 from agentrl.types import FunctionSpec, Message, ToolCall, ToolSpec
 
 __all__ = ["Tool", "ToolEnv", "tool", "tool_spec"]
@@ -172,9 +173,19 @@ class ToolEnv(Env):
     def tools(self) -> list[ToolSpec]:
         return [t.spec for t in self._tool_table.values()]
 
+    rubric: Rubric | None = None
+    """If set, the default ``answer`` scores the final message with it."""
+
     def answer(self, message: Message) -> tuple[float, dict[str, Any]]:
-        """Score the final (tool-call-free) assistant message: return (reward, info)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement answer(message)")
+        """Score the final (tool-call-free) assistant message: return (reward, info).
+
+        The default uses ``self.rubric``, passing ``completion`` (the text), ``message``
+        and ``env``; the components land in ``info["reward_components"]``.
+        """
+        if self.rubric is None:
+            raise NotImplementedError(f"{type(self).__name__} must implement answer(message) or set a rubric")
+        reward, parts = self.rubric.score(completion=message.content or "", message=message, env=self)
+        return reward, {"reward_components": parts}
 
     def finish(self, reward: float, **info: Any) -> None:
         """Called from inside a tool: end the episode after this turn with ``reward``."""

@@ -31,3 +31,25 @@ def test_non_finite_component_is_an_error() -> None:
 
 def nan_fn() -> float:
     return float("nan")
+
+
+def test_tool_env_scores_its_final_answer_with_a_rubric() -> None:
+    from typing import Any
+
+    from agentrl.envs import ToolEnv
+    from agentrl.types import Message
+
+    def exact(completion: str, env: Any) -> float:
+        return float(completion == env.gold)
+
+    class Graded(ToolEnv):
+        rubric = Rubric([(exact, 1.0), (short, 0.5)])
+
+        def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
+            self.gold = "42"
+            return [Message(role="user", content="answer")], {}
+
+    env = Graded()
+    env.reset(seed=0)
+    result = env.step(Message(role="assistant", content="42"))
+    assert (result.reward, result.info["reward_components"]) == (1.5, {"exact": 1.0, "short": 1.0})
