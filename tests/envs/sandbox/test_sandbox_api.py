@@ -171,3 +171,21 @@ def test_bad_limits_fail_fast(kwargs: dict, match: str) -> None:
 def test_limits_parse_sizes() -> None:
     lim = Limits(memory="1GiB", max_output=1000, disk="1.5m")
     assert (lim.memory_bytes, lim.max_output_bytes, lim.disk_bytes) == (1 << 30, 1000, 3 << 19)
+
+
+def test_without_cgroups_the_documented_fallbacks_hold() -> None:
+    """No cgroup (no root, no delegation): per-run RLIMIT_AS still stops a memory bomb, and the
+    backend says plainly that the pids and CPU limits are not enforced."""
+    get_backend("process")
+    backend = make_backend("process", TEST_LIMITS, use_cgroups=False)
+    assert backend.enforced["pids"].startswith("NOT enforced")  # type: ignore[attr-defined]
+    assert "RLIMIT_AS" in backend.enforced["memory"]  # type: ignore[attr-defined]
+    sb = backend.create()
+    try:
+        r = sb.run("a = []\nwhile True:\n    a.append(bytearray(8 << 20))")
+        assert r.reason == "memory" and r.exception == "MemoryError", r
+        r = sb.run("import time; time.sleep(30)", timeout=0.5)
+        assert r.reason == "timeout"
+        assert sb.run("print(1)").ok
+    finally:
+        sb.close()
