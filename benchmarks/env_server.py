@@ -74,6 +74,10 @@ class _Conn:
         self.reader, self.writer = reader, writer
 
     async def post(self, path: str, body: bytes, method: bytes = b"POST") -> tuple[int, bytes]:
+        """Send one request and read its answer, within a 30 s deadline (a hang is an error, not a stall)."""
+        return await asyncio.wait_for(self._post(path, body, method), 30.0)
+
+    async def _post(self, path: str, body: bytes, method: bytes) -> tuple[int, bytes]:
         self.writer.write(
             method + b" " + path.encode() + b" HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
@@ -89,7 +93,7 @@ class _Conn:
 
 async def _episode_worker(port: int, stop_at: list[float], latencies: list[float], errors: list[str],
                           ready: asyncio.Event, go: asyncio.Event) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30.0)
     conn = _Conn(reader, writer)
     status, body = await conn.post("/episodes", json.dumps({"env_id": ENV_ID}).encode())
     if status != 201:
@@ -111,7 +115,7 @@ async def _episode_worker(port: int, stop_at: list[float], latencies: list[float
             else:
                 errors.append(f"step {status} {body[:100]!r}")
         await conn.post(f"/episodes/{eid}", b"", method=b"DELETE")
-    except (OSError, asyncio.IncompleteReadError) as e:
+    except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as e:
         errors.append(f"connection: {type(e).__name__}: {e}")
     writer.close()
 
