@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from agentrl.session.audit import AuditReport, audit_segment
 from agentrl.session.errors import (
+    ContextFullError,
     LedgerError,
     SessionEngineError,
     SessionError,
@@ -24,6 +25,7 @@ __all__ = [
     "FAMILIES",
     "AuditReport",
     "ChatResult",
+    "ContextFullError",
     "Family",
     "Ledger",
     "LedgerError",

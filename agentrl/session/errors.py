@@ -6,6 +6,8 @@
     └── SessionError                 a session could not do what was asked
         ├── UnknownSessionError      no session with that id (HTTP 404); create one first
         ├── SessionRequestError      the request is invalid (HTTP 422): empty messages, bad roles, ...
+        │   └── ContextFullError     the conversation no longer fits the model's context (also an
+        │                            engines ContextLengthError); end the episode as truncated
         ├── TemplateError            the chat template is not append-only for these message shapes
         │                            (HTTP 422); names the offending turn
         ├── SessionEngineError       the engine failed or timed out during a turn (HTTP 424); the
@@ -17,9 +19,11 @@ A divergent message history is *not* an error: it starts a new segment and is co
 
 from __future__ import annotations
 
+from agentrl.engines.errors import ContextLengthError
 from agentrl.errors import AgentRLError
 
 __all__ = [
+    "ContextFullError",
     "LedgerError",
     "SessionEngineError",
     "SessionError",
@@ -42,6 +46,10 @@ class UnknownSessionError(SessionError, KeyError):
 
 class SessionRequestError(SessionError, ValueError):
     """A chat or tokenize request is invalid; retrying it unchanged fails again."""
+
+
+class ContextFullError(SessionRequestError, ContextLengthError):
+    """The prompt plus ``max_new_tokens`` exceeds the model's context; nothing was recorded."""
 
 
 class TemplateError(SessionError):

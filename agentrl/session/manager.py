@@ -28,10 +28,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.engines.errors import EngineRequestError
+from agentrl.engines.errors import ContextLengthError, EngineRequestError
 from agentrl.engines.protocol import Engine, Generation
 from agentrl.session.audit import AuditReport, audit_segment
 from agentrl.session.errors import (
+    ContextFullError,
     LedgerError,
     SessionEngineError,
     SessionRequestError,
@@ -357,9 +358,10 @@ class SessionManager:
                 f"the engine did not answer within {self.engine_timeout_s:g}s for session {session_id!r} "
                 f"({len(input_ids)} prompt tokens); nothing was recorded, retry the turn"
             ) from None
-        except (
-            EngineRequestError
-        ) as e:  # the prompt itself is unacceptable (too long, ...): the caller's to fix
+        except ContextLengthError as e:
+            self.counters["tito/context_full"] += 1
+            raise ContextFullError(f"session {session_id!r}: {e}; nothing was recorded") from e
+        except EngineRequestError as e:  # the prompt itself is unacceptable: the caller's to fix
             self.counters["tito/engine_rejections"] += 1
             raise SessionRequestError(
                 f"the engine rejected the turn for session {session_id!r}: {e}; nothing was recorded"
