@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import secrets
 import threading
 import time
@@ -55,68 +54,23 @@ from agentrl.envs.core import Env, coerce_action
 from agentrl.envs.errors import InvalidActionError, UnknownEnvError
 from agentrl.envs.registry import make, spec
 from agentrl.envs.server_config import ServerConfig
-from agentrl.types import Message, ToolSpec
+from agentrl.envs.server_wire import (
+    CreateEpisode,
+    EpisodeInfo,
+    ErrorResponse,
+    OracleResponse,
+    ResetRequest,
+    ResetResponse,
+    StepRequest,
+    StepResponse,
+    ToolsResponse,
+)
+from agentrl.envs.workers import EnvWorkers
+from agentrl.types import Message
 
 __all__ = ["ServerConfig", "ServerThread", "create_app", "serve"]
 
 _timeout = getattr(asyncio, "timeout", None)
-
-
-# ----------------------------------------------------------------- wire models
-class _Body(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-
-class CreateEpisode(_Body):
-    env_id: str = pydantic.Field(min_length=1, max_length=200, description="a served env id, e.g. countdown-v0")
-    kwargs: dict[str, Any] = pydantic.Field(default_factory=dict, description="constructor kwargs for the env")
-
-
-class EpisodeInfo(_Body):
-    episode_id: str
-    env_id: str
-    status: Literal["created", "running", "done", "failed"]
-    turn: int
-    max_turns: int
-    reward_range: tuple[float, float]
-    tools: list[ToolSpec]
-    infra_error: str | None = None
-
-
-class ResetRequest(_Body):
-    seed: int | None = pydantic.Field(None, ge=0, lt=2**63, description="same seed, same episode")
-    options: dict[str, Any] | None = None
-
-
-class ResetResponse(_Body):
-    messages: list[Message]
-    info: dict[str, Any]
-
-
-class StepRequest(_Body):
-    action: Message = pydantic.Field(description="the assistant message of this turn")
-
-
-class StepResponse(_Body):
-    messages: list[Message]
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, Any]
-
-
-class ToolsResponse(_Body):
-    tools: list[ToolSpec]
-
-
-class OracleResponse(_Body):
-    action: Message
-
-
-class ErrorResponse(_Body):
-    detail: str
-    infra_error: str | None = None
-
 
 class _HTTPError(Exception):
     def __init__(self, status: int, detail: str, infra_error: str | None = None,
@@ -139,66 +93,6 @@ def _validation_detail(errors: Any) -> str:
 
 def _dump(messages: list[Message]) -> list[dict[str, Any]]:
     return [m.model_dump(exclude_none=True) for m in messages]
-
-
-# ------------------------------------------------------------- env workers
-class _EnvWorkers:
-    """Threads that run sync env code, posting results back to the event loop in batches.
-
-    ``run_in_executor`` wakes the loop once per finished call; under thousands of
-    concurrent episodes those wake-ups dominated. Here a worker appends its result
-    to a shared list and wakes the loop only if no drain is already scheduled, so
-    one wake-up delivers every result finished meanwhile. A call abandoned by its
-    deadline keeps its thread until it returns (Python cannot kill a thread).
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
-        self.loop = loop
-        self.calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.finished: list[tuple[asyncio.Future[Any], bool, Any]] = []
-        self.lock = threading.Lock()
-        self.drain_scheduled = False
-        self.threads = [threading.Thread(target=self._work, name=f"agentrl-env-{i}", daemon=True) for i in range(n)]
-        for t in self.threads:
-            t.start()
-
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        future = self.loop.create_future()
-        self.calls.put((future, fn, args, kwargs))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            item = self.calls.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            try:
-                result, ok = fn(*args, **kwargs), True
-            except BaseException as e:  # delivered to the awaiting request, which classifies it
-                result, ok = e, False
-            with self.lock:
-                self.finished.append((future, ok, result))
-                wake = not self.drain_scheduled
-                self.drain_scheduled = True
-            if wake:
-                with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
-                    self.loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        with self.lock:
-            finished, self.finished = self.finished, []
-            self.drain_scheduled = False
-        for future, ok, result in finished:
-            if not future.done():
-                if ok:
-                    future.set_result(result)
-                else:
-                    future.set_exception(result)
-
-    def close(self) -> None:
-        for _ in self.threads:
-            self.calls.put(None)
 
 
 def _native(env: Env, name: str) -> bool:
@@ -235,11 +129,11 @@ class _State:
         self.latencies: deque[float] = deque(maxlen=10_000)
         self.started = time.time()
         self.pending = 0
-        self._workers: _EnvWorkers | None = None
+        self._workers: EnvWorkers | None = None
 
-    def workers(self) -> _EnvWorkers:
+    def workers(self) -> EnvWorkers:
         if self._workers is None:
-            self._workers = _EnvWorkers(asyncio.get_running_loop(), self.config.env_threads)
+            self._workers = EnvWorkers(asyncio.get_running_loop(), self.config.env_threads)
         return self._workers
 
     def forget(self, ep: _Episode, reason: str) -> None:
@@ -633,7 +527,6 @@ class ServerThread:
         self.thread: Any = None
 
     def __enter__(self) -> str:
-        import threading
 
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
