@@ -97,6 +97,11 @@ def tool_spec(fn: Callable[..., Any], name: str | None = None) -> Tool:
     tool_name = name or getattr(fn, _TOOL_ATTR, None) or fn.__name__
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
         raise RegistrationError(f"tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}} (OpenAI's rule)")
+    if inspect.iscoroutinefunction(fn):
+        raise RegistrationError(
+            f"tool {tool_name!r} is async; tools run inside step(), which is sync — make it a plain def "
+            "(step already runs in a worker thread, so blocking I/O inside a tool is fine)"
+        )
     description, param_docs = _parse_docstring(fn.__doc__)
     try:
         hints = get_type_hints(fn, include_extras=True)

@@ -59,3 +59,11 @@ def test_env_without_oracle_fails_the_checker_with_its_reason() -> None:
     with pytest.raises(AssertionError, match=r"oracle: oracle_action\(\) at turn 1 raised NotImplementedError: "
                                              r"GymnasiumTextEnv was built without an oracle"):
         check_env(lambda: GymnasiumTextEnv("CliffWalking-v1"))
+
+
+def test_blackjack_tuple_observations_render_with_the_default_renderer() -> None:
+    env = GymnasiumTextEnv("Blackjack-v1", action_names=["stick", "hit"], max_turns=10)
+    messages, _ = env.reset(seed=5)
+    assert messages[0].content is not None and messages[0].content.startswith("(")  # str of the tuple
+    result = env.step(say("<action>stick</action>"))
+    assert result.terminated and result.reward in (-1.0, 0.0, 1.0, 1.5)

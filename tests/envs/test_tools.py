@@ -141,6 +141,12 @@ def test_tool_without_type_hint_is_rejected_at_class_creation() -> None:
     with pytest.raises(RegistrationError, match="must match"):
         tool_spec(lambda: None, name="has space")
 
+    async def fetch(url: str) -> str:
+        return url
+
+    with pytest.raises(RegistrationError, match="tool 'fetch' is async; tools run inside step"):
+        tool_spec(fetch)
+
 
 class Submit(ToolEnv):
     def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
