@@ -209,6 +209,7 @@ class ProcessBackend:
         if self.cgroups is not None:
             cgroups.reap_orphans(self.cgroups)
         self._as_nobody = os.geteuid() == 0
+        self._setpriv = shutil.which("setpriv")
         self._base_args = self._bwrap_args()
 
     @property
@@ -332,7 +333,17 @@ class ProcessBackend:
                     args += ["--ro-bind", str(path), f"/run/agentrl/{name}"]
         args += ["--remount-ro", "/dev", "--remount-ro", "/", self.python, "-I", "-S", self._executor_path]
         kw: dict[str, Any] = {}
-        if self._as_nobody:
+        if self._as_nobody and self._setpriv:
+            # Dropping to uid 65534 by exec'ing setpriv keeps Popen on its vfork path; Popen(user=...)
+            # would fork this whole process, which costs tens of ms in a trainer holding GBs.
+            args = [
+                self._setpriv,
+                f"--reuid={SANDBOX_UID}",
+                f"--regid={SANDBOX_UID}",
+                "--clear-groups",
+                *args,
+            ]
+        elif self._as_nobody:
             kw = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
         try:
             proc = subprocess.Popen(

@@ -338,3 +338,26 @@ def test_reset_wipes_files_processes_and_the_interpreter(sandbox: Sandbox) -> No
     assert len(other_procs(sandbox)) == 1  # the fresh persistent interpreter, nothing else
     sandbox.reset()
     _still_usable(sandbox)
+
+
+def test_process_sandbox_is_unprivileged_on_the_host_too() -> None:
+    """Seen from the host, bubblewrap and everything under it run as uid 65534 with no capabilities,
+    so even a namespace escape would land unprivileged."""
+    import os
+
+    from sandbox_helpers import get_backend
+
+    from agentrl.envs.sandbox.process import _descendants
+
+    if os.geteuid() != 0:
+        pytest.skip("the host process is not root, so the sandbox already runs as this unprivileged user")
+    sb = get_backend("process").create()
+    try:
+        pids = _descendants(sb._channel.proc.pid)  # type: ignore[attr-defined]
+        assert len(pids) == 2  # bwrap and the executor
+        for pid in pids:
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+            assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+            assert int(status["CapEff"], 16) == 0 and status["Groups"].strip() == ""
+    finally:
+        sb.close()
