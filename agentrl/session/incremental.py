@@ -221,7 +221,6 @@ class IncrementalTokenizer:
         """``(C, S)``: the turn close and the appended messages + generation prompt, as text."""
         head = [Message(role="user", content="U")]
         close = self.close_text(template_kwargs)
-        g = self.render(head, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
         try:
             a = self._synthetic_assistant(last_assistant, single_call=False)
             q = self.render([*head, a], tools, add_generation_prompt=False, template_kwargs=template_kwargs)
@@ -236,6 +235,13 @@ class IncrementalTokenizer:
             f = self.render(
                 [*head, a, *appended], tools, add_generation_prompt=True, template_kwargs=template_kwargs
             )
+        if not q.endswith(close):
+            raise TemplateError(
+                f"an assistant turn of this shape does not end with the template's turn close {close!r}"
+            )
+        if f.startswith(q):  # the prefix property: the common case, two renders per turn
+            return close, f[len(q) :]
+        g = self.render(head, tools, add_generation_prompt=False, template_kwargs=template_kwargs)
         if not q.startswith(g):
             raise TemplateError(
                 f"the {self.family.name} chat template renders the first user message differently once an "
@@ -247,12 +253,6 @@ class IncrementalTokenizer:
                 f"earlier messages render in the {self.family.name} chat template (it moves or rewrites them, "
                 "e.g. collects system messages at the top); start a new session for this history instead"
             )
-        if not q.endswith(close):
-            raise TemplateError(
-                f"an assistant turn of this shape does not end with the template's turn close {close!r}"
-            )
-        if f.startswith(q):
-            return close, f[len(q) :]
         if self.family.strict_append_only:
             raise TemplateError(self._offender(q, f, appended, turn_index))
         # known quirk (qwen3): the assistant turn's reasoning renders differently once a user

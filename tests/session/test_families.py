@@ -238,3 +238,12 @@ def test_stop_strings_cut_the_reply_and_the_ledger(tokenizers: Any) -> None:
     sampled = seg.token_ids[seg.turns[0].start : seg.turns[0].end]
     assert "STOP" in tok.decode(sampled) and "delta" not in tok.decode(sampled)
     assert sampled == eng.outputs[0][: len(sampled)]
+
+
+def test_glm4_refuses_a_system_message_that_would_move_to_the_top(tokenizers: Any) -> None:
+    tok = tokenizers["tiny-glm4"]
+    sm = SessionManager(tok, ScriptedEngine(tok))
+    sid = sm.create()
+    a1 = run(sm.chat(sid, [user("q1")], None, SP))
+    with pytest.raises(TemplateError, match=r"after message 1 changes how the earlier messages render"):
+        run(sm.chat(sid, [user("q1"), a1, Message(role="system", content="new rules")], None, SP))
