@@ -62,8 +62,12 @@ def _serve(port: int, max_episodes: int, env_threads: int) -> None:
     from agentrl.envs.server import ServerConfig, serve
 
     _raise_fd_limit()
-    serve(ServerConfig(env_ids=[ENV_ID], max_episodes=max_episodes, episode_ttl_s=3600,
-                       env_threads=env_threads), port=port)
+    serve(
+        ServerConfig(
+            env_ids=[ENV_ID], max_episodes=max_episodes, episode_ttl_s=3600, env_threads=env_threads
+        ),
+        port=port,
+    )
 
 
 # --------------------------------------------------------------- load generator
@@ -91,8 +95,14 @@ class _Conn:
         return status, await self.reader.readexactly(length)
 
 
-async def _episode_worker(port: int, stop_at: list[float], latencies: list[float], errors: list[str],
-                          ready: asyncio.Event, go: asyncio.Event) -> None:
+async def _episode_worker(
+    port: int,
+    stop_at: list[float],
+    latencies: list[float],
+    errors: list[str],
+    ready: asyncio.Event,
+    go: asyncio.Event,
+) -> None:
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30.0)
     conn = _Conn(reader, writer)
     status, body = await conn.post("/episodes", json.dumps({"env_id": ENV_ID}).encode())
@@ -143,9 +153,15 @@ async def _load(port: int, concurrency: int, seconds: float) -> dict[str, Any]:
         return lat[min(len(lat) - 1, int(p * len(lat)))] * 1000 if lat else float("nan")
 
     total = len(lat) + len(errors)
-    return {"concurrency": concurrency, "steps_per_s": len(lat) / elapsed, "p50_ms": q(0.5), "p99_ms": q(0.99),
-            "success": 100.0 * len(lat) / total if total else 0.0, "errors": len(errors),
-            "first_error": errors[0] if errors else ""}
+    return {
+        "concurrency": concurrency,
+        "steps_per_s": len(lat) / elapsed,
+        "p50_ms": q(0.5),
+        "p99_ms": q(0.99),
+        "success": 100.0 * len(lat) / total if total else 0.0,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else "",
+    }
 
 
 def _in_process(seconds: float) -> tuple[float, float]:
@@ -188,10 +204,14 @@ def _free_port() -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per concurrency level")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 64, 1000])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per level; the table shows the median run")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per level; the table shows the median run"
+    )
     parser.add_argument("--env-threads", type=int, default=32, help="server worker threads for env code")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -208,9 +228,21 @@ def main() -> None:
         loop_name = "asyncio"
     sync_rate, async_rate = _in_process(min(args.seconds, 2.0))
     port = _free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--levels", *map(str, args.levels),
-                               "--env-threads", str(args.env_threads)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--serve",
+            str(port),
+            "--levels",
+            *map(str, args.levels),
+            "--env-threads",
+            str(args.env_threads),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ},
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -228,18 +260,26 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=10)
     load = os.getloadavg()[0]
-    print(f"env server benchmark: trivial env, {os.cpu_count()} CPU cores (load average {load:.1f} at the end), "
-          f"{args.seconds:g} s per level, median of {args.repeat} runs; server and load generator in separate "
-          f"processes (load generator on {loop_name})\n")
-    print(f"in-process baseline: env.step {sync_rate:,.0f} steps/s; await env.astep (worker thread) "
-          f"{async_rate:,.0f} steps/s\n")
-    print("| concurrent episodes | steps/s over HTTP | p50 latency | p99 latency | success | HTTP / in-process astep "
-          "| steps/s of each run |")
+    print(
+        f"env server benchmark: trivial env, {os.cpu_count()} CPU cores (load average {load:.1f} at the end), "
+        f"{args.seconds:g} s per level, median of {args.repeat} runs; server and load generator in separate "
+        f"processes (load generator on {loop_name})\n"
+    )
+    print(
+        f"in-process baseline: env.step {sync_rate:,.0f} steps/s; await env.astep (worker thread) "
+        f"{async_rate:,.0f} steps/s\n"
+    )
+    print(
+        "| concurrent episodes | steps/s over HTTP | p50 latency | p99 latency | success | HTTP / in-process astep "
+        "| steps/s of each run |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
-        print(f"| {r['concurrency']:,} | {r['steps_per_s']:,.0f} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | "
-              f"{r['success']:.1f} % | {r['steps_per_s'] / async_rate:.2f}× | "
-              f"{', '.join(f'{x:,}' for x in r['all_steps_per_s'])} |")
+        print(
+            f"| {r['concurrency']:,} | {r['steps_per_s']:,.0f} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | "
+            f"{r['success']:.1f} % | {r['steps_per_s'] / async_rate:.2f}× | "
+            f"{', '.join(f'{x:,}' for x in r['all_steps_per_s'])} |"
+        )
     for r in rows:
         if r["errors"]:
             print(f"\n{r['concurrency']} concurrent: {r['errors']} failed steps; first: {r['first_error']}")
