@@ -96,8 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternating measurement rounds (best is reported)")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads for both sides (process-wide; default 1)"
+    )
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
+    torch.set_num_threads(args.threads)  # the same for the baseline and the engine thread
 
     from agentrl.models import load_model
 

@@ -97,6 +97,9 @@ class HFEngine:
     ``max_context`` overrides the model's ``max_position_embeddings``;
     ``prefix_cache_bytes`` bounds the KV kept for prompt-prefix reuse (0 disables it); a cached
     prefix is reused when it covers at least ``min_prefix_reuse`` prompt tokens.
+    ``num_threads``, when given, calls ``torch.set_num_threads`` from the engine thread. That
+    setting is process-wide, so it is off by default; on a small busy CPU, 1 thread made
+    decoding 6-10x faster here (OpenMP teams stall on descheduled members).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class HFEngine:
         name: str | None = None,
         prefix_cache_bytes: int = 256 << 20,
         min_prefix_reuse: int = 16,
+        num_threads: int | None = None,
     ) -> None:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ConfigError(
@@ -167,6 +171,7 @@ class HFEngine:
             prefix_cache_bytes=prefix_cache_bytes,
             min_prefix_reuse=min_prefix_reuse,
             weight_version=weight_version,
+            num_threads=num_threads,
         )
 
     # ------------------------------------------------------------------ public API

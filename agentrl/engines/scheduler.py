@@ -87,8 +87,10 @@ class Scheduler:
         prefix_cache_bytes: int,
         min_prefix_reuse: int,
         weight_version: int,
+        num_threads: int | None = None,
     ) -> None:
         self.forward = forward
+        self.num_threads = num_threads
         self.device = device
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
@@ -182,6 +184,8 @@ class Scheduler:
         return self.version
 
     def _loop(self) -> None:
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)  # this thread's intra-op team only
         while True:
             with self._cv:
                 while not (
