@@ -12,10 +12,10 @@ env generated: nothing the code writes in the sandbox (a ``reward.txt``, a patch
 ever read, and the sandbox is wiped between episodes. The oracle runs the reference solution
 once, then answers with the gold value.
 
-If the sandbox itself fails (``sandbox_lost``: an infrastructure failure, not the model's), the
-call is retried once on a fresh sandbox; ``info["sandbox_infra_errors"]`` counts such failures
-and ``info["infra_error"]`` flags an episode that saw one, so a trainer can drop or retry it
-instead of scoring it.
+If the sandbox itself fails (``sandbox_lost``: an infrastructure failure, not the model's),
+``step`` raises :class:`~agentrl.envs.sandbox.SandboxLost` instead of answering the model: the
+episode's interpreter state is gone, so the episode cannot go on faithfully and must not be
+scored. The trainer's rollout retries such an episode on a fresh env with the same seed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import threading
 import weakref
 from typing import Any
 
-from agentrl.envs import ToolEnv, ToolError, tool
+from agentrl.envs import StepResult, ToolEnv, ToolError, tool
 from agentrl.envs.sandbox import ExecResult, Limits, Sandbox, SandboxLost, SandboxPool
 from agentrl.types import FunctionCall, Message, ToolCall
 from environments.python.tasks import GENERATORS, Task, generate
@@ -116,7 +116,7 @@ class PythonEnv(ToolEnv):
         self.task: Task | None = None
         self._sandbox: Sandbox | None = None
         self._pool: SandboxPool | None = None
-        self.infra_errors = 0
+        self._infra_failure: str | None = None
         self._finalizer: weakref.finalize | None = None
 
     # -------------------------------------------------------------------- sandbox lease
@@ -140,7 +140,6 @@ class PythonEnv(ToolEnv):
     # -------------------------------------------------------------------- episode
     def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
         self._release()  # a new episode never sees the last one's sandbox state
-        self.infra_errors = 0
         self.task = generate(self.np_random, self.kinds)
         prompt = (
             f"{self.task.question}\nUse the run_python tool to compute it (print the result), then reply "
@@ -157,35 +156,37 @@ class PythonEnv(ToolEnv):
         """
         if not code.strip():
             raise ToolError("code is empty; pass Python source such as print(2 + 2)")
-        for attempt in range(2):
-            try:
-                r = self._lease().session().run(code)
-            except SandboxLost:
-                r = None
-            if r is not None and not r.infra_error:
-                return format_result(r)
-            self.infra_errors += 1  # the sandbox's failure, not the model's: retry on a fresh one
-            if self._sandbox is not None:
-                self._sandbox.close()
-            self._release()
-            if attempt == 0:
-                continue
-        raise ToolError(
-            "the sandbox failed twice (an infrastructure error); the episode is flagged infra_error"
-        )
+        try:
+            r = self._lease().session().run(code)
+        except SandboxLost as e:
+            r, why = None, str(e)
+        if r is not None and not r.infra_error:
+            return format_result(r)
+        # The sandbox's failure, not the model's: step() turns this into an exception.
+        self._infra_failure = why if r is None else r.stderr
+        if self._sandbox is not None:
+            self._sandbox.close()
+        self._release()
+        raise ToolError("the sandbox failed (an infrastructure error)")
+
+    def _step(self, action: Message) -> StepResult:
+        self._infra_failure = None
+        result = super()._step(action)
+        if self._infra_failure is not None:
+            raise SandboxLost(
+                f"python-v0: the sandbox failed during run_python ({self._infra_failure}); this is an "
+                "infrastructure failure, not the model's: retry the episode on a fresh env with the same seed"
+            )
+        return result
 
     def answer(self, message: Message) -> tuple[float, dict[str, Any]]:
         assert self.task is not None
         found = _ANSWER_RE.findall(message.content or "")
         self._release()
-        info: dict[str, Any] = {
-            "sandbox_infra_errors": self.infra_errors,
-            "infra_error": self.infra_errors > 0,
-        }
         if not found:
-            return 0.0, {**info, "correct": False, "format_error": "no <answer>...</answer> tag"}
+            return 0.0, {"correct": False, "format_error": "no <answer>...</answer> tag"}
         correct = found[-1].strip() == self.task.answer
-        return float(correct), {**info, "correct": correct, "format_error": None}
+        return float(correct), {"correct": correct, "format_error": None}
 
     def oracle_action(self) -> Message:
         assert self.task is not None
