@@ -152,7 +152,7 @@ class TimedEngine:
         return dict(await self.inner.health())
 
 
-def bench_server(model: str, tok: Any, turns: int, max_new_tokens: int) -> dict[str, float]:
+def bench_server(model: str, tok: Any, turns: int, max_new_tokens: int, result_words: int) -> dict[str, float]:
     import httpx
 
     from agentrl.engines import HFEngine
@@ -182,7 +182,7 @@ def bench_server(model: str, tok: Any, turns: int, max_new_tokens: int) -> dict[
                 if r.status_code != 200:
                     raise SystemExit(f"turn {t}: HTTP {r.status_code}: {r.text}")
                 msgs.append(r.json()["choices"][0]["message"])
-                msgs.append({"role": "user", "content": tool_result(rng)})
+                msgs.append({"role": "user", "content": tool_result(rng, result_words)})
                 if t >= turns - 8:
                     last_turns.append((dt - (engine.seconds - e0)) / max(engine.seconds - e0, 1e-9))
             n_tokens = len(sm.ledger(sid).current.token_ids)  # type: ignore[union-attr]
@@ -203,7 +203,14 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-qwen3-realvocab", help="model (tokenizer + engine) to use")
     ap.add_argument("--turns", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument(
+        "--result-words",
+        type=int,
+        default=60,
+        help="words per user/tool message in the server episode (~100 tokens; the embedded engine's prefill "
+        "memory grows with the square of the context, so the server episode is shorter than part 1's)",
+    )
     ap.add_argument("--quick", action="store_true", help="3 repeats; server episode of 32 turns at most")
     ap.add_argument("--skip-server", action="store_true")
     args = ap.parse_args()
@@ -234,7 +241,7 @@ def main() -> None:
     for n in args.turns:
         if args.quick and n > 32:
             continue
-        r = bench_server(args.model, tok, n, args.max_new_tokens)
+        r = bench_server(args.model, tok, n, args.max_new_tokens, args.result_words)
         print(
             f"| {n} | {int(r['tokens']):,} | {r['wall_per_turn_ms']:.0f} | {r['engine_per_turn_ms']:.0f} | "
             f"{100 * r['overhead']:.1f} % | {100 * r['overhead_last8']:.1f} % |",

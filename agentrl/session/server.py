@@ -22,14 +22,16 @@ server never answers 5xx.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.session.audit import audit_segment
@@ -103,6 +105,10 @@ class ChatMessageIn(_In):
         )
 
 
+class StreamOptions(_In):
+    include_usage: bool | None = None
+
+
 class ChatCompletionRequest(_In):
     """The OpenAI chat-completions request fields agentrl serves (unknown fields are rejected)."""
 
@@ -121,7 +127,8 @@ class ChatCompletionRequest(_In):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=0)
     n: int | None = Field(None, ge=1, le=1)
-    stream: Literal[False] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -176,6 +183,32 @@ def _validation_message(errors: list[Any]) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(parts), first
 
 
+def _sse(
+    head: dict[str, Any],
+    body: dict[str, Any],
+    finish: str,
+    logprobs: dict[str, Any] | None,
+    usage: dict[str, int],
+    include_usage: bool,
+) -> Iterator[str]:
+    """The finished turn as OpenAI stream chunks: the whole delta, then the finish, then usage.
+
+    The ledger needs the complete reply before it can parse it, so the turn is generated
+    first and streamed as one delta; clients that only speak streaming still work.
+    """
+    delta = dict(body)
+    if "tool_calls" in delta:
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
+    chunk = {**head, "object": "chat.completion.chunk"}
+    first = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs}
+    yield f"data: {json.dumps({**chunk, 'choices': [first]})}\n\n"
+    last = {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}
+    yield f"data: {json.dumps({**chunk, 'choices': [last]})}\n\n"
+    if include_usage:
+        yield f"data: {json.dumps({**chunk, 'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit: bool = False) -> FastAPI:
     """The FastAPI app over ``manager``. ``audit`` runs the canonical audit on every trajectory read."""
     app = FastAPI(title="agentrl session server", version="1")
@@ -223,7 +256,7 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
         return {"id": sid, "base_url": f"/sessions/{sid}/v1"}
 
     @app.post("/sessions/{session_id}/v1/chat/completions")
-    async def chat_completions(session_id: str, req: ChatCompletionRequest) -> dict[str, Any]:
+    async def chat_completions(session_id: str, req: ChatCompletionRequest) -> Any:
         manager.ledger(session_id)  # 404 before any work
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
         res = await manager.chat_completion(
@@ -255,18 +288,28 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
                     for t, lp in zip(res.output_ids, res.logprobs, strict=True)
                 ]
             }
-        return {
+        usage = {
+            "prompt_tokens": res.prompt_tokens,
+            "completion_tokens": res.completion_tokens,
+            "total_tokens": res.prompt_tokens + res.completion_tokens,
+        }
+        head = {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
             "created": int(time.time()),
             "model": manager.model_name,
+        }
+        extra = {"segment": res.segment, "diverged": res.diverged, "parse_failed": res.parse_failed}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(
+                _sse(head, body, finish, logprobs, usage, include_usage), media_type="text/event-stream"
+            )
+        return {
+            **head,
+            "object": "chat.completion",
             "choices": [{"index": 0, "message": body, "finish_reason": finish, "logprobs": logprobs}],
-            "usage": {
-                "prompt_tokens": res.prompt_tokens,
-                "completion_tokens": res.completion_tokens,
-                "total_tokens": res.prompt_tokens + res.completion_tokens,
-            },
-            "agentrl": {"segment": res.segment, "diverged": res.diverged, "parse_failed": res.parse_failed},
+            "usage": usage,
+            "agentrl": extra,
         }
 
     def _models() -> dict[str, Any]:

@@ -108,6 +108,29 @@ def test_openai_sdk_tool_calling_episode(scripted: Any) -> None:
     assert httpx.get(f"{url}/sessions/{sid}", timeout=10).status_code == 404
 
 
+def test_streaming_clients_get_the_turn_as_chunks(scripted: Any) -> None:
+    url, eng, _ = scripted
+    sid = new_session(url)
+    eng.push('Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    client = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Oslo?"}],
+        tools=TOOLS,  # type: ignore[arg-type]
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert content == "Sure." and finish == ["tool_calls"]
+    assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [
+        ("get_weather", {"city": "Oslo"})
+    ]  # type: ignore[union-attr,arg-type]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(eng.outputs[-1])
+
+
 def test_unknown_session_is_404_through_the_sdk(scripted: Any) -> None:
     url, _, _ = scripted
     client = openai.OpenAI(base_url=f"{url}/sessions/nope/v1", api_key="unused", max_retries=0)
@@ -127,7 +150,7 @@ def test_unknown_session_is_404_through_the_sdk(scripted: Any) -> None:
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "frobnicate": 1}, "frobnicate"),
-        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": "sometimes"}, "stream"),
     ],
 )
 def test_malformed_requests_are_422_naming_the_field(scripted: Any, body: dict[str, Any], field: str) -> None:
