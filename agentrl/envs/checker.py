@@ -12,6 +12,7 @@ the env, the check, what was seen and how to fix it):
                     within ``max_turns`` and reaches the maximum return ``reward_range[1]``
 ``determinism``     same seed ⇒ same episode (skipped when the env is registered non-deterministic)
 ``step-after-end``  ``step`` after the episode ended raises
+``empty-reply``     reward-hack probe: empty replies every turn do not earn the maximum return
 ``bad-tool-call``   a call to an unknown tool and one with broken JSON get tool messages, no exception
 ``independence``    two instances do not share state (one episode runs inside another's)
 ``async``           ``areset``/``astep`` give the same episode as the sync methods
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +189,28 @@ class _Checker:
             "so a finished episode cannot keep earning reward",
         )
 
+    def check_empty_reply(self, seed: int) -> None:
+        """Reward-hack probe: replying with nothing, every turn, must not earn the maximum return."""
+        env = self.env
+        self.check_reset(env, seed, "empty-reply")
+        total, lo, hi = 0.0, *env.reward_range
+        for turn in range(1, max(1, int(env.max_turns)) + 1):
+            out = self.call("empty-reply", f"step() with an empty reply at turn {turn}",
+                            functools.partial(env.step, Message(role="assistant", content="")))
+            reward = float(out[1])
+            if not (math.isfinite(reward) and lo <= reward <= hi):
+                raise self.fail("empty-reply", f"an empty reply got reward {reward!r} at turn {turn}, outside "
+                                               f"reward_range {env.reward_range}")
+            total += reward
+            if out[2] or out[3]:
+                break
+        if abs(total - hi) <= 1e-9 and hi > lo:
+            raise self.fail(
+                "empty-reply", f"replying with nothing earned the maximum return {hi!r}; the reward must depend "
+                "on what the model says (pass skip=('empty-reply',) if an empty reply really is the answer)",
+            )
+        self.report.passed.append("empty-reply")
+
     def check_bad_tool_call(self, seed: int) -> None:
         tools = self.env.tools
         if not tools:
@@ -249,9 +272,16 @@ class _Checker:
 
 
 def check_env(
-    env: Env | str | Callable[[], Env], *, seed: int = 0, deterministic: bool | None = None
+    env: Env | str | Callable[[], Env],
+    *,
+    seed: int = 0,
+    deterministic: bool | None = None,
+    skip: Collection[str] = (),
 ) -> CheckReport:
     """Check an env instance, a registered id or an env factory; raise :class:`EnvCheckError` on a violation.
+
+    ``skip=("empty-reply",)`` turns off the reward-hack probe for a task whose gold
+    answer really is an empty message.
 
     With an id or a factory every check runs; with an instance, the checks that
     need a second instance use its registry spec or a no-argument constructor,
@@ -316,6 +346,10 @@ def check_env(
     else:
         c.report.skipped["determinism"] = "registered as non-deterministic"
     c.check_step_after_end()
+    if "empty-reply" in skip:
+        c.report.skipped["empty-reply"] = "skipped by the caller"
+    else:
+        c.check_empty_reply(seed)
     c.check_bad_tool_call(seed)
     c.check_independence(seed, reference)
     c.check_async(seed, reference)

@@ -21,7 +21,7 @@ class Good(Env):
         return [Message(role="user", content=f"x={self.x}")], {}
 
     def _step(self, action: Message) -> StepResult:
-        return StepResult([], 1.0, True)
+        return StepResult([], float(action.content == "ok"), True)
 
     def oracle_action(self) -> Message:
         return SAY
@@ -30,7 +30,7 @@ class Good(Env):
 def test_good_env_passes_every_check() -> None:
     report = check_env(Good())
     assert report.passed == ["type", "step-before-reset", "reset", "tools", "oracle", "determinism",
-                             "step-after-end", "independence", "async", "close"]
+                             "step-after-end", "empty-reply", "independence", "async", "close"]
     assert report.skipped == {"bad-tool-call": "the env has no tools"}
 
 
@@ -104,7 +104,7 @@ class SharedState(Good):
         return [Message(role="user", content="guess")], {}
 
     def _step(self, action: Message) -> StepResult:
-        return StepResult([Message(role="user", content=str(self.secret))], 1.0, True)
+        return StepResult([Message(role="user", content=str(self.secret))], float(action.content == "ok"), True)
 
 
 class BadSchema(Good):
@@ -127,12 +127,17 @@ class CrashesOnBadTool(Good):
     def _step(self, action: Message) -> StepResult:
         if action.tool_calls:
             raise KeyError(action.tool_calls[0].function.name)
-        return StepResult([], 1.0, True)
+        return StepResult([], float(action.content == "ok"), True)
 
 
 class SilentOnBadTool(CrashesOnBadTool):
     def _step(self, action: Message) -> StepResult:
-        return StepResult([], 0.0 if action.tool_calls else 1.0, not action.tool_calls)
+        return StepResult([], float(action.content == "ok"), not action.tool_calls)
+
+
+class RewardsAnything(Good):
+    def _step(self, action: Message) -> StepResult:
+        return StepResult([], 1.0, True)
 
 
 class BadClose(Good):
@@ -154,7 +159,7 @@ class Tooled(ToolEnv):
         return x
 
     def answer(self, message: Message) -> tuple[float, dict[str, Any]]:
-        return 1.0, {}
+        return float(message.content == "ok"), {}
 
     def oracle_action(self) -> Message:
         return SAY
@@ -175,6 +180,7 @@ CASES = [
     (ArraySchema, "check_env(ArraySchema): tools: tool 'f' parameters must be a JSON Schema of type 'object', got type 'array'"),
     (CrashesOnBadTool, "check_env(CrashesOnBadTool): bad-tool-call: step() with an unknown tool and broken JSON arguments raised KeyError: 'no_such_tool_xyz'"),
     (SilentOnBadTool, "check_env(SilentOnBadTool): bad-tool-call: no tool message answered the malformed calls ['probe-1', 'probe-2']; every tool call needs a role='tool' reply with its tool_call_id (ToolEnv does this)"),
+    (RewardsAnything, "check_env(RewardsAnything): empty-reply: replying with nothing earned the maximum return 1.0; the reward must depend on what the model says (pass skip=('empty-reply',) if an empty reply really is the answer)"),
     (BadClose, "check_env(BadClose): close: close() twice raised RuntimeError: already closed; close() must be idempotent"),
 ]
 
@@ -205,6 +211,10 @@ def test_guards_bypassed_reward_and_type_errors_are_found() -> None:
 
 def test_tool_env_passes_including_bad_tool_calls() -> None:
     assert "bad-tool-call" in check_env(Tooled).passed
+
+
+def test_empty_reply_probe_can_be_skipped() -> None:
+    assert check_env(RewardsAnything, skip=("empty-reply",)).skipped["empty-reply"] == "skipped by the caller"
 
 
 def test_non_deterministic_env_skips_determinism() -> None:

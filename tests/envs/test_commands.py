@@ -28,9 +28,9 @@ def test_envs_lists_shipped_envs(capsys: pytest.CaptureFixture[str]) -> None:
 def test_check_env_one_all_and_unknown(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-env", "countdown"]) == 0
     assert capsys.readouterr().out == (
-        "ok   countdown-v0: 10 checks passed; skipped bad-tool-call (the env has no tools)\n")
+        "ok   countdown-v0: 11 checks passed; skipped bad-tool-call (the env has no tools)\n")
     assert main(["check-env", "all"]) == 0
-    assert "ok   calculator-v0: 11 checks passed\n" in capsys.readouterr().out
+    assert "ok   calculator-v0: 12 checks passed\n" in capsys.readouterr().out
     assert main(["check-env", "countdwn"]) == 1
     assert capsys.readouterr().err == (
         "agentrl check-env: error: unknown env 'countdwn'; did you mean 'countdown'? (agentrl envs lists all)\n")
@@ -69,7 +69,7 @@ def test_example_env_checked_served_and_driven_over_raw_http() -> None:
     env = {**os.environ, "PYTHONPATH": f"{EXAMPLES}{os.pathsep}{ROOT}"}
     check = subprocess.run([sys.executable, "-m", "agentrl.cli", "check-env", "--import", "reverse_env",
                             "reverse-v0"], env=env, capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0 and check.stdout.startswith("ok   reverse-v0: 10 checks passed"), check
+    assert check.returncode == 0 and check.stdout.startswith("ok   reverse-v0: 11 checks passed"), check
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
