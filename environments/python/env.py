@@ -117,10 +117,15 @@ class PythonEnv(ToolEnv):
         self._sandbox: Sandbox | None = None
         self._pool: SandboxPool | None = None
         self._infra_failure: str | None = None
+        self._replaced = False
         self._finalizer: weakref.finalize | None = None
 
     # -------------------------------------------------------------------- sandbox lease
     def _lease(self) -> Sandbox:
+        if self._sandbox is not None and (self._sandbox.lost or self._sandbox.closed):
+            # Destroyed after the last call hit its deadline while wedged (the code's doing): a new one.
+            self._release()
+            self._replaced = True
         if self._sandbox is None:
             self._pool = _shared_pool(self.backend, self.limits, self.pool_size)
             self._sandbox = self._pool.acquire()
@@ -140,6 +145,7 @@ class PythonEnv(ToolEnv):
     # -------------------------------------------------------------------- episode
     def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
         self._release()  # a new episode never sees the last one's sandbox state
+        self._replaced = False
         self.task = generate(self.np_random, self.kinds)
         prompt = (
             f"{self.task.question}\nUse the run_python tool to compute it (print the result), then reply "
@@ -161,7 +167,13 @@ class PythonEnv(ToolEnv):
         except SandboxLost as e:
             r, why = None, str(e)
         if r is not None and not r.infra_error:
-            return format_result(r)
+            replaced, self._replaced = self._replaced, False
+            note = (
+                "[the sandbox was replaced after the last time limit: variables are gone]\n"
+                if replaced
+                else ""
+            )
+            return note + format_result(r)
         # The sandbox's failure, not the model's: step() turns this into an exception.
         self._infra_failure = why if r is None else r.stderr
         if self._sandbox is not None:

@@ -120,6 +120,15 @@ def test_lost_sandbox_is_an_infrastructure_error_not_a_reward(env: PythonEnv) ->
     assert "fresh" in msgs[0].content
 
 
+def test_sandbox_destroyed_at_a_deadline_is_replaced_and_the_model_told(env: PythonEnv) -> None:
+    env.reset(seed=4)
+    env.step(call("z = 1"))
+    assert env._sandbox is not None
+    env._sandbox._lose()  # what the host deadline does to a wedged sandbox after a timeout result
+    msgs, *_ = env.step(call("print('z' in dir())", 1))
+    assert msgs[0].content.startswith("[the sandbox was replaced") and "False" in msgs[0].content
+
+
 def test_bad_options_fail_fast() -> None:
     with pytest.raises(ValueError, match="kinds must be"):
         PythonEnv(kinds=("poetry",))
