@@ -8,16 +8,17 @@ appended messages, and open the next assistant turn.
 How the bridge is computed, with ``A`` a synthetic assistant turn that has the
 real turn's shape (its tool calls, whether it reasoned) and a sentinel content::
 
-    G = render([user], gen=False)                the synthetic head
-    Q = render([user, A], gen=False)             ... + A rendered as the last turn
+    Q = render([user, A], gen=False)             a synthetic head + A rendered as the last turn
     F = render([user, A, *appended], gen=True)   ... + the appended messages + generation prompt
+    C = the family's turn close                  the text after an assistant's content, e.g. "<|im_end|>\\n"
 
-Checks (the prefix property): ``Q`` and ``F`` start with ``G``; ``F`` continues,
-from the sentinel on, exactly as ``Q`` does (families without a known reasoning
-quirk need the stronger ``F.startswith(Q)``); ``Q`` ends with the family's turn
-close ``C`` (the text after an assistant's content, e.g. ``<|im_end|>\\n``). Then::
+Checks (the prefix property): ``Q`` ends with ``C`` and ``F`` starts with ``Q``.
+Only a family with a known reasoning quirk (qwen3, whose template drops an earlier
+turn's ``<think>`` once a user message follows) may instead have ``F`` continue
+exactly as ``Q`` from the sentinel on; any other failure is a TemplateError that
+names the turn. Then::
 
-    S = F[after Q's text from the sentinel on]   the appended messages + generation prompt
+    S = F[len(Q):]                               the appended messages + generation prompt
     bridge = encode(C + S) minus the stop token the model already sampled
 
 Only ``C + S`` is ever tokenized, so a turn costs the same at turn 3 and turn 300.
