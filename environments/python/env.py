@@ -28,7 +28,16 @@ import weakref
 from typing import Any
 
 from agentrl.envs import StepResult, ToolEnv, ToolError, tool
-from agentrl.envs.sandbox import ExecResult, Limits, Sandbox, SandboxLost, SandboxPool
+from agentrl.envs.sandbox import (
+    ExecResult,
+    Limits,
+    Sandbox,
+    SandboxError,
+    SandboxInputError,
+    SandboxLost,
+    SandboxPool,
+    SandboxUnavailable,
+)
 from agentrl.types import FunctionCall, Message, ToolCall
 from environments.python.tasks import GENERATORS, Task, generate
 
@@ -116,7 +125,7 @@ class PythonEnv(ToolEnv):
         self.task: Task | None = None
         self._sandbox: Sandbox | None = None
         self._pool: SandboxPool | None = None
-        self._infra_failure: str | None = None
+        self._infra_failure: SandboxError | None = None
         self._replaced = False
         self._finalizer: weakref.finalize | None = None
 
@@ -164,8 +173,11 @@ class PythonEnv(ToolEnv):
             raise ToolError("code is empty; pass Python source such as print(2 + 2)")
         try:
             r = self._lease().session().run(code)
-        except SandboxLost as e:
-            r, why = None, str(e)
+        except SandboxInputError as e:  # the model's input (e.g. a NUL byte): it sees why
+            raise ToolError(str(e)) from None
+        except SandboxError as e:  # lost, expired, or the backend cannot run: never the model's fault
+            self._infra_failure = e
+            r = None
         if r is not None and not r.infra_error:
             replaced, self._replaced = self._replaced, False
             note = (
@@ -175,7 +187,8 @@ class PythonEnv(ToolEnv):
             )
             return note + format_result(r)
         # The sandbox's failure, not the model's: step() turns this into an exception.
-        self._infra_failure = why if r is None else r.stderr
+        if r is not None:
+            self._infra_failure = SandboxLost(r.stderr)
         if self._sandbox is not None:
             self._sandbox.close()
         self._release()
@@ -184,10 +197,13 @@ class PythonEnv(ToolEnv):
     def _step(self, action: Message) -> StepResult:
         self._infra_failure = None
         result = super()._step(action)
-        if self._infra_failure is not None:
+        failure = self._infra_failure
+        if isinstance(failure, SandboxUnavailable):
+            raise failure  # a setup problem: fail fast, with the fix in its message
+        if failure is not None:
             raise SandboxLost(
-                f"python-v0: the sandbox failed during run_python ({self._infra_failure}); this is an "
-                "infrastructure failure, not the model's: retry the episode on a fresh env with the same seed"
+                f"python-v0: the sandbox failed during run_python ({failure}); this is an infrastructure "
+                "failure, not the model's: retry the episode on a fresh env with the same seed"
             )
         return result
 

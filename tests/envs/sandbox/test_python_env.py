@@ -10,7 +10,7 @@ from sandbox_helpers import get_backend
 
 import agentrl.envs as envs
 from agentrl.envs.checker import check_env
-from agentrl.envs.sandbox import SandboxLost
+from agentrl.envs.sandbox import SandboxLost, SandboxUnavailable
 from agentrl.types import FunctionCall, Message, ToolCall
 from environments.python.env import PythonEnv
 from environments.python.tasks import GENERATORS
@@ -127,6 +127,20 @@ def test_sandbox_destroyed_at_a_deadline_is_replaced_and_the_model_told(env: Pyt
     env._sandbox._lose()  # what the host deadline does to a wedged sandbox after a timeout result
     msgs, *_ = env.step(call("print('z' in dir())", 1))
     assert msgs[0].content.startswith("[the sandbox was replaced") and "False" in msgs[0].content
+
+
+def test_backend_that_cannot_run_fails_fast_not_as_a_model_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    env = PythonEnv(backend="docker")
+    env.reset(seed=0)
+    with pytest.raises(SandboxUnavailable, match="no Docker engine answers"):
+        env.step(call("print(1)"))
+
+
+def test_code_with_a_nul_byte_is_the_models_error(env: PythonEnv) -> None:
+    env.reset(seed=0)
+    msgs, reward, terminated, _, info = env.step(call("print(1)\x00"))
+    assert "NUL byte" in msgs[0].content and info["tool_errors"] == 1 and not terminated
 
 
 def test_bad_options_fail_fast() -> None:
