@@ -204,6 +204,7 @@ class Scheduler:
     def _aborts_pending(self) -> bool:
         return any(r.abort_requested for r in self._by_id.values())
 
+    @torch.no_grad()  # inference only: no autograd graph may link the KV cache across steps
     def _iteration(self) -> None:
         self._apply_aborts()
         draining = self._apply_updates()

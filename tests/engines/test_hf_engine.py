@@ -325,3 +325,14 @@ async def test_weight_update_invalidates_the_prefix_cache(model: torch.nn.Module
         await eng.flush_cache()
         await eng.generate(p + [7], params)
         assert eng.stats["cached_prompt_tokens"] == len(p)
+
+
+async def test_generation_builds_no_autograd_graph(engine: HFEngine) -> None:
+    """The model's parameters require grad; the engine must still not record graphs into its KV."""
+    assert any(p.requires_grad for p in engine.model.parameters())
+    task = asyncio.create_task(engine.generate([1, 2, 3], sp(max_new_tokens=60, seed=1)))
+    await _wait_running(engine, 3)
+    kv = engine._sched._kv
+    assert kv is not None
+    assert all(layer.keys.grad_fn is None and not layer.keys.requires_grad for layer in kv.cache.layers)
+    await task
