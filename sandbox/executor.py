@@ -62,8 +62,12 @@ try:  # the C halves of json and signal: the pure-Python modules cost ~15 ms of 
     )
 
     def _loads(text: str):
-        obj, end = _scan(text, 0)
-        if text[end:].strip():
+        text = text.strip()
+        try:
+            obj, end = _scan(text, 0)
+        except StopIteration as e:  # the C scanner's way of saying "no JSON value at this offset"
+            raise ValueError("not JSON (at offset %s)" % e.value) from None
+        if text[end:]:
             raise ValueError("extra data after the JSON value")
         return obj
 
@@ -736,7 +740,7 @@ def serve() -> int:
                 req = _loads(line.decode("utf-8"))
                 if not isinstance(req, dict):
                     raise ValueError("request is not an object")
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 reply: dict = {"error": f"bad request: {e}"}
             else:
                 if req.get("op") == "exit":

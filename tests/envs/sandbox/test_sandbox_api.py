@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import time
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sandbox_helpers import TEST_LIMITS, get_backend
 
 from agentrl.envs.sandbox import (
@@ -10,10 +15,12 @@ from agentrl.envs.sandbox import (
     Sandbox,
     SandboxInputError,
     SandboxLost,
+    SandboxPool,
     SandboxUnavailable,
     make_backend,
 )
 from agentrl.envs.sandbox.pool import Backend
+from agentrl.envs.sandbox.types import STOP_REASONS
 from agentrl.errors import ConfigError
 
 
@@ -189,3 +196,31 @@ def test_without_cgroups_the_documented_fallbacks_hold() -> None:
         assert sb.run("print(1)").ok
     finally:
         sb.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=st.one_of(st.text(max_size=300), st.binary(max_size=300)), as_cmd=st.booleans())
+def test_arbitrary_input_is_refused_or_classified(payload: str | bytes, as_cmd: bool) -> None:
+    """Junk in, never a crash out: every input is refused up front or ends in a classified result."""
+    pool = _fuzz_pool()
+    with pool.lease() as sb:
+        try:
+            r = sb.run(cmd=payload, timeout=2) if as_cmd else sb.run(payload, timeout=2)
+        except SandboxInputError:
+            return
+        assert r.reason in STOP_REASONS and r.reason != "sandbox_lost", r
+        assert sb.run("print(1)").stdout == "1\n"
+
+
+@functools.cache
+def _fuzz_pool() -> SandboxPool:
+    return SandboxPool(get_backend("process"), size=1)
+
+
+def test_executor_answers_protocol_garbage_and_keeps_serving(sandbox: Sandbox) -> None:
+    channel = sandbox._channel  # type: ignore[attr-defined]
+    for junk in (b"not json\n", b"[1, 2]\n", b'{"op": "nope", "id": 7}\n', b"\xff\xfe\n"):
+        channel.send(junk)
+        reply = channel.recv_line(time.monotonic() + 5, 1 << 16)
+        assert b"error" in reply, reply
+    assert sandbox.run("print(1)").stdout == "1\n"
