@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import math
 import os
@@ -223,7 +224,10 @@ class Sandbox:
                 return ExecResult("sandbox_lost", None, None, "", str(reply["error"]), backend=self.backend)
             raise SandboxInputError(f"the sandbox refused the run: {reply['error']}")
         self.uses += 1
-        return self._result(reply)
+        try:
+            return self._result(reply)
+        except SandboxLost as e:
+            return ExecResult("sandbox_lost", None, None, "", str(e), backend=self.backend)
 
     def session(self) -> PythonSession:
         """A persistent interpreter in this sandbox: variables survive between its ``run`` calls."""
@@ -290,7 +294,7 @@ class Sandbox:
             except TimeoutError:
                 self._lose()
                 return None
-            except (SandboxLost, OSError, ValueError) as e:
+            except (SandboxLost, OSError, ValueError, RecursionError) as e:
                 self._lose()
                 self._check_usable()  # a lease that expired mid-run says so
                 raise SandboxLost(
@@ -299,6 +303,15 @@ class Sandbox:
                 ) from None
 
     def _result(self, r: dict[str, Any]) -> ExecResult:
+        try:
+            return self._parse_result(r)
+        except (TypeError, ValueError, AttributeError, binascii.Error) as e:  # a reply we cannot trust
+            self._lose()
+            raise SandboxLost(
+                f"sandbox {self.ident} sent a malformed result ({type(e).__name__}: {e})"
+            ) from None
+
+    def _parse_result(self, r: dict[str, Any]) -> ExecResult:
         reason = r.get("reason")
         if reason not in STOP_REASONS:
             self._lose()
@@ -307,10 +320,13 @@ class Sandbox:
         for name, item in (r.get("files") or {}).items():
             if isinstance(item, dict) and "data" in item:
                 files[name] = base64.b64decode(item["data"])
+        exit_code, sig = r.get("exit_code"), r.get("signal")
+        if not all(v is None or type(v) is int for v in (exit_code, sig)):
+            raise TypeError(f"exit_code/signal must be ints, got {exit_code!r}, {sig!r}")
         return ExecResult(
             reason=reason,
-            exit_code=r.get("exit_code"),
-            signal=r.get("signal"),
+            exit_code=exit_code,
+            signal=sig,
             stdout=str(r.get("stdout", "")),
             stderr=str(r.get("stderr", "")),
             stdout_truncated=bool(r.get("stdout_truncated")),

@@ -224,3 +224,50 @@ def test_executor_answers_protocol_garbage_and_keeps_serving(sandbox: Sandbox) -
         reply = channel.recv_line(time.monotonic() + 5, 1 << 16)
         assert b"error" in reply, reply
     assert sandbox.run("print(1)").stdout == "1\n"
+
+
+class _LyingChannel:
+    """An executor that answers with whatever the test scripted (a compromised or broken one)."""
+
+    def __init__(self, replies: list[bytes]) -> None:
+        self.replies, self.destroyed = replies, False
+
+    def send(self, data: bytes) -> None:
+        pass
+
+    def recv_line(self, deadline: float, limit: int) -> bytes:
+        if not self.replies:
+            raise TimeoutError
+        return self.replies.pop(0)
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+    def describe(self) -> str:
+        return "scripted"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"not json",
+        b"[1]",
+        b'{"id": 1, "reason": "pwned"}',
+        b'{"id": 1, "reason": "exited", "exit_code": "zero"}',
+        b'{"id": 1, "reason": "exited", "exit_code": 0, "files": {"a": {"data": "!!not base64!!"}}}',
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+)
+def test_a_lying_executor_is_a_lost_sandbox_not_a_crash(reply: bytes) -> None:
+    channel = _LyingChannel([reply])
+    sb = Sandbox("scripted", channel, Limits(), "lying")
+    r = sb.run("print(1)")
+    assert r.reason == "sandbox_lost" and r.infra_error and channel.destroyed and sb.lost
+    with pytest.raises(SandboxLost):
+        sb.run("print(1)")
+
+
+def test_a_silent_executor_meets_the_host_deadline() -> None:
+    sb = Sandbox("scripted", _LyingChannel([]), Limits(), "silent")
+    r = sb.run("print(1)", timeout=0.1)
+    assert r.reason == "timeout" and sb.lost
