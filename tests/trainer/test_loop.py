@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from rich.console import Console
@@ -42,8 +40,12 @@ def test_train_writes_run_dir_and_resume_reproduces_metrics(tmp_path):
             assert rows_b[step][key] == pytest.approx(rows_a[step][key], rel=1e-4, abs=1e-6), (step, key)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True, timeout=120)
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    from agentrl.cli import main
+
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
 
 
 @pytest.mark.parametrize(
@@ -54,22 +56,22 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["train", "--env", "nope"], "nope"),
     ],
 )
-def test_bad_config_fails_fast_naming_the_field(args, needle, tmp_path):
-    p = _cli(*args, "--run-dir", str(tmp_path / "r"))
-    assert p.returncode == 1, p.stderr
-    assert needle in p.stderr and "Traceback" not in p.stderr
+def test_bad_config_fails_fast_naming_the_field(args, needle, tmp_path, capsys):
+    rc, _, err = _cli(capsys, *args, "--run-dir", str(tmp_path / "r"))
+    assert rc == 1, err
+    assert needle in err and "Traceback" not in err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
-def test_unknown_toml_key_fails(tmp_path):
+def test_unknown_toml_key_fails(tmp_path, capsys):
     (tmp_path / "run.toml").write_text("[algo]\nkl_coeff = 0.1\n")
-    p = _cli("train", "--config", str(tmp_path / "run.toml"))
-    assert p.returncode == 1 and "unknown key 'kl_coeff'" in p.stderr and "kl_coef" in p.stderr
+    rc, _, err = _cli(capsys, "train", "--config", str(tmp_path / "run.toml"))
+    assert rc == 1 and "unknown key 'kl_coeff'" in err and "kl_coef" in err
 
 
-def test_eval_command_on_a_checkpoint(tmp_path):
+def test_eval_command_on_a_checkpoint(tmp_path, capsys):
     s = train(resolve(**FAST, steps=1, run_dir=str(tmp_path / "a")), console=_quiet())
-    p = _cli("eval", "--model", s.final_model, "--eval-episodes", "3", "--max-new-tokens", "4")
-    assert p.returncode == 0, p.stderr
-    assert "3 held-out seeds" in p.stdout and "reward" in p.stdout
+    rc, out, err = _cli(capsys, "eval", "--model", s.final_model, "--eval-episodes", "3", "--max-new-tokens", "4")
+    assert rc == 0, err
+    assert "3 held-out seeds" in out and "reward" in out
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 1
