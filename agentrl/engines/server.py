@@ -119,6 +119,10 @@ def sampling_from_sglang(sp: dict[str, Any] | None, vocab_size: int) -> tuple[Sa
     return parse_sampling(out), bool(sp.get("ignore_eos") or False)
 
 
+# A weight-endpoint request that fails with one of these is answered 400 {"success": false, "message"}.
+_REJECTED = (EngineRequestError, WeightUpdateError, ValueError, TypeError, KeyError)
+
+
 def _finish_reason(g: Generation) -> dict[str, Any]:
     if g.finish_reason == "stop":
         return {"type": "stop", "matched": g.output_ids[-1]}
@@ -267,6 +271,10 @@ def create_app(engine: HFEngine) -> FastAPI:
                    "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache"}  # fmt: skip
         try:
             _check_fields(body, allowed, {"model_path"}, "/update_weights_from_disk")
+            if not isinstance(body["model_path"], str):
+                raise WeightUpdateError(
+                    f"model_path must be a directory path string, got {body['model_path']!r}"
+                )
             if body.get("load_format") not in (None, "auto", "safetensors"):
                 raise WeightUpdateError(
                     f"load_format={body['load_format']!r} is not supported; use safetensors"
@@ -275,7 +283,7 @@ def create_app(engine: HFEngine) -> FastAPI:
             version = await engine.update_weights(
                 path=body["model_path"], version=_version_arg(body.get("weight_version"))
             )
-        except (EngineRequestError, WeightUpdateError) as e:
+        except _REJECTED as e:
             return JSONResponse(
                 {"success": False, "message": str(e), "num_paused_requests": 0}, status_code=400
             )
@@ -302,7 +310,7 @@ def create_app(engine: HFEngine) -> FastAPI:
                 body["master_address"], int(body["master_port"]), int(body["rank_offset"]), int(body["world_size"]),
                 group_name=body.get("group_name", "weight_update_group"), backend=backend,
             )  # fmt: skip
-        except (EngineRequestError, WeightUpdateError) as e:
+        except _REJECTED as e:
             return JSONResponse({"success": False, "message": str(e)}, status_code=400)
         return JSONResponse({"success": True, "message": "Succeeded to initialize the weight update group."})
 
@@ -321,7 +329,7 @@ def create_app(engine: HFEngine) -> FastAPI:
                 flush_cache=bool(body.get("flush_cache", True)),
                 weight_version=_version_arg(body.get("weight_version")),
             )  # fmt: skip
-        except (EngineRequestError, WeightUpdateError, EngineTimeoutError) as e:
+        except (*_REJECTED, EngineTimeoutError) as e:
             return JSONResponse({"success": False, "message": str(e)}, status_code=400)
         return JSONResponse({"success": True, "message": f"Succeeded to update weights (version {version})."})
 
@@ -331,7 +339,7 @@ def create_app(engine: HFEngine) -> FastAPI:
         try:
             _check_fields(body, {"group_name"}, set(), "/destroy_weights_update_group")
             await engine.destroy_weights_update_group(body.get("group_name", "weight_update_group"))
-        except (EngineRequestError, WeightUpdateError) as e:
+        except _REJECTED as e:
             return JSONResponse({"success": False, "message": str(e)}, status_code=400)
         return JSONResponse({"success": True, "message": "Succeeded to destroy the weight update group."})
 

@@ -257,3 +257,49 @@ def test_client_works_across_event_loops_and_from_sync_code(
     assert httpx.get(f"{server.base_url}/get_weight_version").json() == {"weight_version": str(current + 1)}
     with pytest.raises(WeightUpdateError, match="path=... only"):
         eng.update_weights_sync(state_dict={})
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "needle"),
+    [
+        ("/update_weights_from_disk", {}, "missing field(s) ['model_path']"),
+        ("/update_weights_from_disk", {"model_path": 123}, "model_path must be a directory path string"),
+        (
+            "/update_weights_from_disk",
+            {"model_path": "/nonexistent", "weight_version": "v2"},
+            "weight_version",
+        ),
+        ("/update_weights_from_disk", {"model_path": "/x", "load_format": "gguf"}, "load_format"),
+        (
+            "/init_weights_update_group",
+            {
+                "master_address": "127.0.0.1",
+                "master_port": "abc",
+                "rank_offset": 1,
+                "world_size": 2,
+                "backend": "gloo",
+            },
+            "abc",
+        ),  # fmt: skip
+        (
+            "/init_weights_update_group",
+            {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2},
+            "nccl",
+        ),  # fmt: skip
+        (
+            "/update_weights_from_distributed",
+            {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]},
+            "no weight update group",
+        ),
+        ("/destroy_weights_update_group", {"group_name": "nope"}, "no weight update group"),
+    ],
+)
+async def test_bad_weight_requests_get_400_success_false(
+    server: SGLangServer, client: SGLangEngine, path: str, body: dict[str, object], needle: str
+) -> None:
+    v = client.weight_version
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as c:
+        r = await c.post(path, json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["success"] is False and needle in r.json()["message"]
+        assert (await c.get("/get_weight_version")).json() == {"weight_version": str(v)}
