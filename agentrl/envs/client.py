@@ -4,8 +4,9 @@
 ``reset``/``areset`` and then behaves like the local env: ``reset``, ``step``,
 ``tools``, ``max_turns``, ``reward_range``, and the async twins ``areset``,
 ``astep``, ``aclose``. Sync calls use an ``httpx.Client``, async ones an
-``httpx.AsyncClient``; RemoteEnvs of the same server share one pooled client per
-process (per event loop for async), so thousands of episodes reuse connections.
+``httpx.AsyncClient``; each RemoteEnv keeps one keep-alive connection of its own
+(an episode sends one request at a time), which scales to many concurrent
+episodes where one shared pool did not.
 
 Every call has a connect and a read deadline. Failures are typed:
 :class:`EnvConnectionError` (server unreachable), :class:`EnvTimeoutError`
@@ -25,9 +26,7 @@ is never retried: that could apply the action twice.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-import weakref
 from typing import Any
 
 import httpx
@@ -45,15 +44,6 @@ from agentrl.envs.errors import (
 from agentrl.types import Message, ToolSpec
 
 __all__ = ["RemoteEnv"]
-
-# Shared connection pools: creating an httpx client costs milliseconds (TLS context), and
-# thousands of episodes against one server should share keep-alive connections.
-_LOCK = threading.Lock()
-_SYNC_CLIENTS: dict[tuple[str, float | None, float | None], httpx.Client] = {}
-_ASYNC_CLIENTS: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str, float | None, float | None], httpx.AsyncClient]
-] = weakref.WeakKeyDictionary()
-
 
 def _error(op: str, url: str, response: httpx.Response) -> EnvServerError:
     try:
@@ -105,48 +95,31 @@ class RemoteEnv(Env):
         self._client: httpx.Client | None = None
         self._aclient: httpx.AsyncClient | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
-        self._own_client: httpx.Client | None = None
-        self._own_aclient: httpx.AsyncClient | None = None
         self.episode_id: str | None = None
         self._tools: list[ToolSpec] = []
         self.last_info: dict[str, Any] = {}
 
     # --------------------------------------------------------------- plumbing
-    def _key(self) -> tuple[str, float | None, float | None]:
-        return (self.url, self._timeout.read, self._timeout.connect)
+    def _client_kwargs(self) -> dict[str, Any]:
+        # One episode sends one request at a time, so each RemoteEnv owns one keep-alive connection:
+        # a shared httpx pool re-scans every connection per request, which collapsed at 64+ episodes.
+        # Plain-HTTP URLs skip building a TLS context (~80 ms per client otherwise).
+        return {"base_url": self.url, "timeout": self._timeout,
+                "limits": httpx.Limits(max_connections=1, max_keepalive_connections=1),
+                "verify": not self.url.startswith("http://")}
 
     def _sync(self) -> httpx.Client:
         if self._client is None:
-            if self._transport is not None:
-                self._client = self._own_client = httpx.Client(
-                    base_url=self.url, timeout=self._timeout, transport=self._transport)
-            else:  # one pooled client per (server, deadlines) in the process: connections are reused
-                with _LOCK:
-                    client = _SYNC_CLIENTS.get(self._key())
-                    if client is None or client.is_closed:
-                        client = _SYNC_CLIENTS[self._key()] = httpx.Client(
-                            base_url=self.url, timeout=self._timeout,
-                            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
-                self._client = client
+            self._client = httpx.Client(transport=self._transport, **self._client_kwargs())
         return self._client
 
     def _async(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._aclient is not None and self._aloop is not loop:  # a client is bound to its event loop
-            self._aclient = None
+            self._aclient = None  # its connection belonged to a loop that is gone
         self._aloop = loop
         if self._aclient is None:
-            if self._async_transport is not None:
-                self._aclient = self._own_aclient = httpx.AsyncClient(
-                    base_url=self.url, timeout=self._timeout, transport=self._async_transport)
-            else:
-                per_loop = _ASYNC_CLIENTS.setdefault(loop, {})
-                client = per_loop.get(self._key())
-                if client is None or client.is_closed:
-                    client = per_loop[self._key()] = httpx.AsyncClient(
-                        base_url=self.url, timeout=self._timeout,
-                        limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
-                self._aclient = client
+            self._aclient = httpx.AsyncClient(transport=self._async_transport, **self._client_kwargs())
         return self._aclient
 
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:
@@ -305,10 +278,9 @@ class RemoteEnv(Env):
             if e.status != 404:
                 raise
         finally:
-            if self._own_client is not None:
-                self._own_client.close()
-                self._own_client = None
-            self._client = None
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
     async def aclose(self) -> None:
         """Async ``close``."""
@@ -320,7 +292,6 @@ class RemoteEnv(Env):
             if e.status != 404:
                 raise
         finally:
-            if self._own_aclient is not None:
-                await self._own_aclient.aclose()
-                self._own_aclient = None
-            self._aclient = None
+            if self._aclient is not None:
+                await self._aclient.aclose()
+                self._aclient = None
