@@ -42,7 +42,7 @@ def _check_env(args: argparse.Namespace) -> int:
     failed = 0
     for env_id in ids:
         try:
-            report = check_env(env_id, seed=args.seed)
+            report = check_env(env_id, seed=args.seed, skip=tuple(args.skip))
         except EnvCheckError as e:
             failed += 1
             print(f"FAIL {env_id}: {e}")
@@ -80,6 +80,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("check-env", help="run the env conformance checker on one env id or 'all'")
     p.add_argument("env", metavar="ID|all", help="an env id such as countdown-v0, or 'all'")
     p.add_argument("--seed", type=int, default=0, help="seed of the checked episodes (default 0)")
+    p.add_argument("--skip", action="append", default=[], choices=["empty-reply"],
+                   help="skip an optional check (empty-reply: the reward-hack probe)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (it registers your envs); repeatable")
     p.set_defaults(func=_check_env)
