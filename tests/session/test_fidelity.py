@@ -35,8 +35,8 @@ from agentrl.engines.protocol import Generation
 from agentrl.session.manager import SessionManager
 from agentrl.types import FunctionSpec, Message, SamplingParams, ToolSpec
 
-# The real engine is ~100x slower per example than the scripted one: a fifth of the profile's examples.
-REAL_EXAMPLES = max(6, settings.default.max_examples // 5)
+# The real engine is ~100x slower per example than the scripted one: a tenth of the profile's examples.
+REAL_EXAMPLES = max(4, settings.default.max_examples // 10)
 
 SNIPPETS = [
     "",
