@@ -240,7 +240,15 @@ class RemoteEnv(Env):
         """The gold action, if the server was started with ``expose_oracle``."""
         if self.episode_id is None:
             raise NotImplementedError("oracle_action() needs a reset episode")
-        out = self._request("POST", f"/episodes/{self.episode_id}/oracle", None, safe=True)
+        try:
+            out = self._request("POST", f"/episodes/{self.episode_id}/oracle", None, safe=True)
+        except EnvServerError as e:
+            if e.status == 404 and e.detail.startswith("no route"):
+                raise NotImplementedError(
+                    f"the env server at {self.url} does not serve oracle actions; start it with "
+                    "agentrl serve-env --expose-oracle (it reveals answers, so only for trusted clients)"
+                ) from None
+            raise
         return Message.model_validate(out["action"])
 
     async def areset(

@@ -292,6 +292,12 @@ def test_cap_holds_under_concurrent_creates() -> None:
 
 def test_remote_env_passes_check_env_and_oracle_is_opt_in(url: str) -> None:
     assert httpx.post(url + "/episodes/x/oracle").status_code == 404  # not served by default: it leaks answers
+    plain = RemoteEnv(url, "calculator-v0")
+    plain.reset(seed=0)
+    with pytest.raises(NotImplementedError, match="does not serve oracle actions; start it with agentrl serve-env "
+                                                  "--expose-oracle"):
+        plain.oracle_action()
+    plain.close()
     with ServerThread(ServerConfig(env_ids=["calculator-v0"], expose_oracle=True)) as oracle_url:
         report = check_env(lambda: RemoteEnv(oracle_url, "calculator-v0"))
         assert {"oracle", "determinism", "bad-tool-call", "independence", "async", "close"} <= set(report.passed)
