@@ -7,10 +7,10 @@ Baseline, measured in the same run: a plain unsandboxed ``python3 -c 'print(1)'`
 * **warm**: ``pool.acquire()`` + ``run("print(1)")`` from a pool that is refilled between samples;
   release (reset + recycle) is not timed.
 
-``--parallel N`` also runs N sandboxed episodes at once (process backend) and reports lost
-episodes and orphans. Usage::
+``--parallel N`` also runs N sandboxed episodes at once (``--parallel-backend``, default process)
+and reports lost episodes and orphans (processes or containers). Usage::
 
-    .venv/bin/python benchmarks/sandbox.py [--cold 30] [--warm 100] [--backends process,docker] [--parallel 200]
+    .venv/bin/python benchmarks/sandbox.py [--cold 30] [--warm 100] [--backends process,docker] [--parallel 200 [--parallel-backend docker]]
 """
 
 from __future__ import annotations
@@ -80,10 +80,10 @@ def warm(name: str, n: int) -> list[float]:
         return times
 
 
-def parallel(n: int) -> None:
+def parallel(n: int, name: str) -> None:
     from agentrl.envs.sandbox import Limits
 
-    backend = make_backend("process", Limits(memory="64m", pids=16, timeout=60))
+    backend = make_backend(name, Limits(memory="64m", pids=16, timeout=120))
     t = time.perf_counter()
     with SandboxPool(backend, size=4) as pool:
 
@@ -101,9 +101,12 @@ def parallel(n: int) -> None:
     orphans = [
         p for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == me and _comm(int(p)) == "bwrap"
     ]
+    if name == "docker":
+        ps = ["docker", "ps", "-aq", "--filter", "label=agentrl.sandbox=1"]
+        orphans = subprocess.run(ps, capture_output=True, text=True).stdout.split()
     print(
-        f"\n{n} parallel episodes (2 runs each, process backend): {sum(ok)}/{n} correct, "
-        f"{n - sum(ok)} lost, {len(orphans)} orphan processes, {wall:.1f} s wall, "
+        f"\n{n} parallel episodes (2 runs each, {name} backend): {sum(ok)}/{n} correct, "
+        f"{n - sum(ok)} lost, {len(orphans)} orphan processes or containers, {wall:.1f} s wall, "
         f"{stats.created} sandboxes created, {stats.recycled} recycled"
     )
 
@@ -127,7 +130,8 @@ def main() -> None:
     ap.add_argument("--cold", type=int, default=30, help="cold samples per backend")
     ap.add_argument("--warm", type=int, default=100, help="warm samples per backend")
     ap.add_argument("--backends", default="process,docker")
-    ap.add_argument("--parallel", type=int, default=0, help="also run N episodes at once (process backend)")
+    ap.add_argument("--parallel", type=int, default=0, help="also run N episodes at once")
+    ap.add_argument("--parallel-backend", default="process", help="backend of the --parallel run")
     args = ap.parse_args()
 
     base = baseline(max(args.cold, 20))
@@ -144,7 +148,7 @@ def main() -> None:
         p50 = statistics.median(xs)
         print(f"{name:32} {kind:5} {len(xs):4d} {p50:8.1f} {pct(xs, 99):8.1f} {p50 / b50:14.2f}x")
     if args.parallel:
-        parallel(args.parallel)
+        parallel(args.parallel, args.parallel_backend)
 
 
 if __name__ == "__main__":

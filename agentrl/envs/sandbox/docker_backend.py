@@ -21,6 +21,7 @@ import hashlib
 import select
 import socket
 import struct
+import threading
 import time
 from typing import Any
 
@@ -35,7 +36,10 @@ DEFAULT_IMAGE = "agentrl-sandbox:latest"
 LABEL = "agentrl.sandbox"
 OWNER_LABEL = "agentrl.owner"
 HOST_LABEL = "agentrl.host"
-ENGINE_TIMEOUT_S = 30
+ENGINE_TIMEOUT_S = 120
+START_SLOTS = 8
+"""Container starts in flight at once per backend: a burst of hundreds of concurrent creates makes
+the engine's API time out, while a bounded queue of them finishes at the engine's full rate."""
 
 
 class _DockerChannel:
@@ -105,6 +109,7 @@ class DockerBackend:
     ) -> None:
         self.limits = limits or Limits()
         self.image = image
+        self._start_slots = threading.BoundedSemaphore(START_SLOTS)
         try:
             import docker
         except ImportError:
@@ -113,7 +118,7 @@ class DockerBackend:
             ) from None
         self._docker = docker
         try:
-            self.client = client or docker.from_env(timeout=ENGINE_TIMEOUT_S)
+            self.client = client or docker.from_env(timeout=ENGINE_TIMEOUT_S, max_pool_size=START_SLOTS * 4)
             self.client.ping()
         except Exception as e:
             raise SandboxUnavailable(
@@ -163,6 +168,10 @@ class DockerBackend:
 
     def create(self) -> Sandbox:
         """Create, attach and start one container; wait until its executor is ready."""
+        with self._start_slots:
+            return self._create()
+
+    def _create(self) -> Sandbox:
         try:
             container = self.client.containers.create(self.image, **self._create_kwargs())
         except Exception as e:

@@ -15,6 +15,7 @@ import pytest
 from sandbox_helpers import REPO, TEST_LIMITS, get_backend
 
 from agentrl.envs.sandbox import LeaseExpired, Limits, SandboxLost, SandboxPool, make_backend
+from agentrl.envs.sandbox.owner import owner_token
 from agentrl.envs.sandbox.pool import Backend
 
 REAPER_INTERVAL_S = 2.0
@@ -131,7 +132,6 @@ def test_reaper_removes_containers_of_dead_owners() -> None:
     import socket
 
     from agentrl.envs.sandbox.docker_backend import HOST_LABEL, LABEL, OWNER_LABEL
-    from agentrl.envs.sandbox.owner import owner_token
 
     dead = owner_token().rsplit(".", 2)[0] + ".999999999.1"
     c = client.containers.create(
@@ -201,3 +201,21 @@ def test_limits_reach_the_sandbox(backend: Backend) -> None:
         assert int(df.split()[1]) == TEST_LIMITS.disk_bytes // 1024
     finally:
         sb.close()
+
+
+def test_parallel_docker_episodes_none_lost_no_containers_left() -> None:
+    """A burst of container starts is queued (START_SLOTS at a time) rather than timing out the engine."""
+    backend = get_backend("docker")
+    n = 24
+    used: set[str] = set()
+    with SandboxPool(backend, size=0) as pool:
+
+        def episode(i: int) -> str:
+            with pool.lease() as sb:
+                used.add(sb.ident)
+                return sb.run(f"print({i} + 1)").stdout
+
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            assert list(ex.map(episode, range(n))) == [f"{i + 1}\n" for i in range(n)]
+    assert len(used) == n  # size=0: every episode had its own container
+    assert not [i for i in used if _alive(i)], "containers left behind by a closed pool"
