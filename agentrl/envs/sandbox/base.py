@@ -207,7 +207,8 @@ class Sandbox:
         """Run Python ``code`` (a fresh interpreter state, or the persistent one) or a shell ``cmd``.
 
         ``files`` are written into the work dir first (relative paths); ``return_files`` are read
-        back after the run. Raises SandboxInputError for bad input, SandboxLost if the sandbox was
+        back after the run. ``stdin`` feeds one-shot runs and commands; a persistent interpreter
+        reads the ``stdin`` of the run that started it. Raises SandboxInputError for bad input, SandboxLost if the sandbox was
         already gone before the call, LeaseExpired after a pool lease ran out. Everything else is in
         the result, including a sandbox that dies during the run (``reason="sandbox_lost"``).
         """
