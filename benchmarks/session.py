@@ -138,7 +138,7 @@ class TimedEngine:
     ) -> Generation:
         t0 = time.perf_counter()
         try:
-            return await self.inner.generate(input_ids, sampling, request_id=request_id)  # type: ignore[no-any-return]
+            return await self.inner.generate(input_ids, sampling, request_id=request_id)
         finally:
             self.seconds += time.perf_counter() - t0
 
@@ -152,7 +152,9 @@ class TimedEngine:
         return dict(await self.inner.health())
 
 
-def bench_server(model: str, tok: Any, turns: int, max_new_tokens: int, result_words: int) -> dict[str, float]:
+def bench_server(
+    model: str, tok: Any, turns: int, max_new_tokens: int, result_words: int
+) -> dict[str, float]:
     import httpx
 
     from agentrl.engines import HFEngine

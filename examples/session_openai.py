@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import httpx
 import openai
@@ -20,7 +21,7 @@ import openai
 from agentrl.session.commands import build_manager
 from agentrl.session.server import BackgroundServer, create_app
 
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -54,31 +55,23 @@ def main() -> None:
     with BackgroundServer(create_app(manager, audit=True)) as srv:
         sid = httpx.post(f"{srv.url}/sessions").json()["id"]
         client = openai.OpenAI(base_url=f"{srv.url}/sessions/{sid}/v1", api_key="unused")
-        messages: list[dict] = [{"role": "user", "content": "What is 17 + 25? Use the add tool."}]
+        messages: list[Any] = [{"role": "user", "content": "What is 17 + 25? Use the add tool."}]
         for turn in range(args.turns):
             r = client.chat.completions.create(
-                model=args.model,
-                messages=messages,
-                tools=TOOLS,
-                max_tokens=32,
-                seed=turn,  # type: ignore[arg-type]
+                model=args.model, messages=messages, tools=TOOLS, max_tokens=32, seed=turn
             )
-            msg = r.choices[0].message
+            msg, usage = r.choices[0].message, r.usage
+            assert usage is not None
             print(
-                f"turn {turn}: finish={r.choices[0].finish_reason} usage={r.usage.prompt_tokens}+"  # type: ignore[union-attr]
-                f"{r.usage.completion_tokens} content={msg.content!r} tool_calls={msg.tool_calls}"
-            )  # type: ignore[union-attr]
+                f"turn {turn}: finish={r.choices[0].finish_reason} usage={usage.prompt_tokens}+"
+                f"{usage.completion_tokens} content={msg.content!r} tool_calls={msg.tool_calls}"
+            )
             messages.append(msg.model_dump(exclude_none=True))
-            if msg.tool_calls:
-                for call in msg.tool_calls:
-                    messages.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": call.id,
-                            "content": run_tool(call.function.arguments),
-                        }
-                    )  # type: ignore[union-attr]
-            else:
+            calls = [c for c in msg.tool_calls or [] if c.type == "function"]
+            for call in calls:
+                result = run_tool(call.function.arguments)
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            if not calls:
                 messages.append({"role": "user", "content": "Please use the add tool."})
         traj = httpx.get(f"{srv.url}/sessions/{sid}/trajectory").json()
         print(
