@@ -318,10 +318,25 @@ class Scheduler:
             r.cached_tokens = n
             self._join([r], kvb, logits)
         if fresh:
-            logits, kvb = KVBatch.prefill(self.forward, [r.prompt for r in fresh], self.device)
-            self.stats["prefill_tokens"] += sum(len(r.prompt) for r in fresh)
-            for i, r in enumerate(fresh):
-                self.prefix_cache.put(r.prompt, kvb.row(i))
+            # Identical prompts (a GRPO group arriving together) are prefilled once and share it.
+            unique: dict[tuple[int, ...], int] = {}
+            for r in fresh:
+                unique.setdefault(tuple(r.prompt), len(unique))
+            logits, kvb = KVBatch.prefill(self.forward, [list(p) for p in unique], self.device)
+            self.stats["prefill_tokens"] += sum(len(p) for p in unique)
+            for i, p in enumerate(unique):
+                self.prefix_cache.put(p, kvb.row(i))
+            rows = [unique[tuple(r.prompt)] for r in fresh]
+            if len(unique) < len(fresh):
+                first_use: set[int] = set()
+                for r, row in zip(fresh, rows, strict=True):
+                    if row in first_use:
+                        r.cached_tokens = len(r.prompt)
+                        self.stats["cached_prompt_tokens"] += len(r.prompt)
+                    first_use.add(row)
+                shared = kvb.select(rows)
+                assert shared is not None
+                kvb, logits = shared, logits[rows]
             self._join(fresh, kvb, logits)
 
     def _join(self, reqs: list[Request], kvb: KVBatch, logits: torch.Tensor) -> None:

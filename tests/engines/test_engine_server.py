@@ -202,7 +202,11 @@ async def test_update_weights_through_torch_distributed_buckets(client: SGLangEn
 
 async def test_abort_and_deadline_over_http(server: SGLangServer, client: SGLangEngine) -> None:
     task = asyncio.create_task(client.generate([1, 2], sp(max_new_tokens=120, seed=1), request_id="long-1"))
-    await asyncio.sleep(0.3)
+    async with httpx.AsyncClient(base_url=server.base_url) as c:
+        for _ in range(500):  # abort as soon as the server runs it
+            if (await c.get("/get_server_info")).json()["running"] > 0:
+                break
+            await asyncio.sleep(0.01)
     assert await client.abort("long-1") is True
     g = await task
     assert g.finish_reason == "abort" and 0 <= len(g.output_ids) < 120

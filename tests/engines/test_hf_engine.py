@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,26 @@ async def test_generation_builds_no_autograd_graph(engine: HFEngine) -> None:
     assert kv is not None
     assert all(layer.keys.grad_fn is None and not layer.keys.requires_grad for layer in kv.cache.layers)
     await task
+
+
+async def test_identical_prompts_arriving_together_share_one_prefill(model: torch.nn.Module) -> None:
+    """A GRPO group: G copies of one prompt, different seeds; prefilled once, sampled independently."""
+    p = prompts(1, seed=6)[0] + [9] * 10
+    seeds = [1, 2, 3, 4]
+    with HFEngine(model, device="cpu", stop_on_eos=False, prefix_cache_bytes=0) as eng:
+        alone = [await eng.generate(p, sp(max_new_tokens=10, seed=s)) for s in seeds]
+        before = eng.stats["prefill_tokens"]
+        # Hold the engine thread inside a queued no-op update until the whole group is queued,
+        # so that all four arrive in one admission (as a GRPO group does under load).
+        gate = threading.Event()
+        held = eng._sched.queue_update(lambda: int(gate.wait(30)), drain=False)
+        futures = [eng.submit(p, sp(max_new_tokens=10, seed=s)) for s in seeds]
+        gate.set()
+        held.result(30)
+        group = [await asyncio.wrap_future(f) for f in futures]
+        assert eng.stats["prefill_tokens"] - before == len(p)  # one prefill for the whole group
+    for a, g in zip(alone, group, strict=True):
+        assert a.output_ids == g.output_ids
+        assert a.logprobs == pytest.approx(g.logprobs, abs=LOGPROB_ATOL)
+    assert len({tuple(g.output_ids) for g in group}) > 1  # the seeds still differ
+    assert [g.meta["cached_tokens"] for g in group] == [0, len(p), len(p), len(p)]
