@@ -19,7 +19,7 @@ from agentrl.envs.sandbox import LeaseExpired, Limits, SandboxLost, SandboxPool,
 from agentrl.envs.sandbox.owner import owner_token
 from agentrl.envs.sandbox.pool import Backend
 
-REAPER_INTERVAL_S = 2.0
+REAPER_INTERVAL_S = 5.0  # SandboxPool's default reaper_interval
 
 
 def test_pool_prestarts_and_serves_warm(backend: Backend) -> None:
