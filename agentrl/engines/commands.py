@@ -13,7 +13,12 @@ def _serve_engine(args: argparse.Namespace) -> int:
 
     from agentrl.engines.hf import HFEngine
     from agentrl.engines.server import create_app
+    from agentrl.errors import ConfigError
 
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_batch_size < 1:
+        raise ConfigError(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     engine = HFEngine(
         args.model,
         device=args.device,

@@ -307,3 +307,12 @@ async def test_bad_weight_requests_get_400_success_false(
         assert r.status_code == 400, r.text
         assert r.json()["success"] is False and needle in r.json()["message"]
         assert (await c.get("/get_weight_version")).json() == {"weight_version": str(v)}
+
+
+def test_serve_engine_rejects_bad_flags_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrl.cli import main
+
+    assert main(["serve-engine", "--model", "tiny", "--port", "70000"]) == 1
+    assert "--port must be in 0..65535, got 70000" in capsys.readouterr().err
+    assert main(["serve-engine", "--model", "no-such-model"]) == 1
+    assert "unknown model 'no-such-model'" in capsys.readouterr().err
