@@ -14,7 +14,7 @@ from agentrl.session.manager import SessionManager
 from agentrl.types import FunctionSpec, Message, SamplingParams, ToolSpec
 
 TOOLS = [ToolSpec(function=FunctionSpec(name="add", parameters={"type": "object", "properties": {}}))]
-SP = SamplingParams(max_new_tokens=64)
+SP = SamplingParams.model_validate(dict(max_new_tokens=64))
 
 
 def run(coro: Any) -> Any:
@@ -80,7 +80,7 @@ def test_qwen25_truncated_turn_is_closed_with_prompt_tokens(tokenizers: Any) -> 
     sm = SessionManager(tok, eng)
     sid = sm.create()
     eng.push("a long answer that will be cut", stop=None)
-    a1 = run(sm.chat(sid, [user("q")], None, SamplingParams(max_new_tokens=3)))
+    a1 = run(sm.chat(sid, [user("q")], None, SamplingParams.model_validate(dict(max_new_tokens=3))))
     run(sm.chat(sid, [user("q"), a1, user("more")], None, SP))
     seg = sm.ledger(sid).current
     assert seg is not None

@@ -36,7 +36,7 @@ from agentrl.session.manager import SessionManager
 from agentrl.types import FunctionSpec, Message, SamplingParams, ToolSpec
 
 # The real engine is ~100x slower per example than the scripted one: a tenth of the profile's examples.
-REAL_EXAMPLES = max(4, settings.default.max_examples // 10)
+REAL_EXAMPLES = max(4, (settings.default.max_examples if settings.default else 50) // 10)
 
 SNIPPETS = [
     "",
@@ -54,8 +54,8 @@ SNIPPETS = [
 ]
 TEXT = st.one_of(
     st.sampled_from(SNIPPETS),
-    st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=40),
-    st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"]), max_size=40),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12),
     st.builds(lambda s, n: s * n, st.sampled_from(["long line of text. ", "x=1;\n"]), st.integers(20, 120)),
 )
 TOOLS = [
@@ -178,7 +178,9 @@ def test_fidelity_real_engine(model: str, tokenizers: Any, engines: Any) -> None
         async def drive(sid: str, first: list[Message], seed: int) -> None:
             msgs = list(first)
             for turn in range(n_turns):
-                sp = SamplingParams(max_new_tokens=data.draw(st.integers(1, 8)), seed=seed * 100 + turn)
+                sp = SamplingParams.model_validate(
+                    {"max_new_tokens": data.draw(st.integers(1, 8)), "seed": seed * 100 + turn}
+                )
                 reply = (await sm.chat_completion(sid, msgs, tools, sp, template_kwargs=kw)).message
                 msgs.append(reply)
                 if turn + 1 < n_turns:
@@ -199,7 +201,7 @@ def test_fidelity_real_engine(model: str, tokenizers: Any, engines: Any) -> None
 # ---------------------------------------------------------------- the scripted engine (tool calls)
 
 WORDS = st.text(
-    st.characters(codec="utf-8", exclude_categories=("Cs", "Cc"), exclude_characters="<>{}[]\\"), max_size=30
+    st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"], exclude_characters="<>{}[]\\"), max_size=30
 )
 ARGS = st.dictionaries(
     st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True),
@@ -263,7 +265,13 @@ def test_fidelity_scripted_tool_calls(model: str, tokenizers: Any) -> None:
             cut = data.draw(st.integers(0, 9)) == 0  # one reply in ten ends by length, not a stop token
             inner.push(reply_text(fam, reasoning, content, calls), stop=None if cut else stop)
             res = asyncio.run(
-                sm.chat_completion(sid, msgs, tools, SamplingParams(max_new_tokens=4096), template_kwargs=kw)
+                sm.chat_completion(
+                    sid,
+                    msgs,
+                    tools,
+                    SamplingParams.model_validate(dict(max_new_tokens=4096)),
+                    template_kwargs=kw,
+                )
             )
             reply = res.message
             assert not res.parse_failed

@@ -18,7 +18,7 @@ from agentrl.session import (
 )
 from agentrl.types import FunctionSpec, Message, SamplingParams, ToolSpec
 
-SP = SamplingParams(max_new_tokens=32)
+SP = SamplingParams.model_validate(dict(max_new_tokens=32))
 TOOLS = [ToolSpec(function=FunctionSpec(name="f"))]
 
 
@@ -84,11 +84,11 @@ def test_changed_tools_diverge_but_dropped_reasoning_does_not(tokenizers: Any) -
 def test_engine_failure_commits_nothing_and_the_turn_can_be_retried(setup: Any) -> None:
     sm, eng = setup
     sid, msgs = two_turns(sm)
-    before = list(sm.ledger(sid).current.token_ids)  # type: ignore[union-attr]
+    before = list(sm.ledger(sid).segments[-1].token_ids)
     eng.fail_next = RuntimeError("boom")
     with pytest.raises(SessionEngineError, match="boom"):
         asyncio.run(sm.chat(sid, [*msgs, user("q2")], None, SP))
-    assert sm.ledger(sid).current.token_ids == before  # type: ignore[union-attr]
+    assert sm.ledger(sid).segments[-1].token_ids == before
     asyncio.run(sm.chat(sid, [*msgs, user("q2")], None, SP))
     assert len(sm.trajectories(sid)) == 1 and sm.trajectories(sid)[0].num_turns == 2
     assert sm.metrics()["tito/engine_errors"] == 1
@@ -125,7 +125,7 @@ def test_weight_versions_are_per_token_and_stop_ids_include_the_family(setup: An
     assert set(traj.policy_versions[s0.start : s0.end]) == {0}
     assert set(traj.policy_versions[s1.start : s1.end]) == {3}
     im_end = sm.tok.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert im_end in sm._sampling(SamplingParams(stop_token_ids=[5])).stop_token_ids
+    assert im_end in sm._sampling(SamplingParams.model_validate(dict(stop_token_ids=[5]))).stop_token_ids
 
 
 def test_bad_requests(setup: Any) -> None:
