@@ -265,7 +265,12 @@ class HFEngine:
         continue and their later tokens carry the new version; with ``drain=True`` admission pauses
         until running requests finish, then the update applies.
         """
-        fut = self.update_weights_future(state_dict, path=path, version=version, drain=drain)
+        if path is not None:  # reading a checkpoint must not block the caller's event loop
+            fut = await asyncio.to_thread(
+                self.update_weights_future, state_dict, path=path, version=version, drain=drain
+            )
+        else:
+            fut = self.update_weights_future(state_dict, path=path, version=version, drain=drain)
         return await asyncio.wrap_future(fut)
 
     def update_weights_sync(
@@ -291,6 +296,7 @@ class HFEngine:
         version: int | None = None,
         drain: bool = False,
     ) -> concurrent.futures.Future[int]:
+        """Check (and read) the new weights now, queue them for the engine thread; the future gives the version."""
         if (state_dict is None) == (path is None):
             raise WeightUpdateError("update_weights needs exactly one of state_dict=... or path=...")
         tensors = dict(state_dict) if state_dict is not None else load_safetensors_dir(Path(path))  # type: ignore[arg-type]
