@@ -129,6 +129,10 @@ def audit_segment(tok: IncrementalTokenizer, seg: Segment) -> AuditReport:
         report.add("unrenderable", str(e))
         return report
 
+    normalizer = getattr(getattr(tok.tokenizer, "backend_tokenizer", None), "normalizer", None)
+    if normalizer is not None:  # e.g. NFC: the ledger's text is what the tokenizer made of the messages
+        canon = normalizer.normalize_str(canon)
+
     def dec(ids: list[int]) -> str:
         return str(tok.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 

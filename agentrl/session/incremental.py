@@ -311,7 +311,9 @@ class IncrementalTokenizer:
     def parse(self, output_ids: list[int], new_id: IdFactory, text: str | None = None) -> ParsedTurn:
         """Decode the model's reply (stop token excluded by the caller) into an assistant message."""
         if text is None:
-            text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
+            text = self.tokenizer.decode(
+                output_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            )
         reasoning: str | None = None
         body = text
         if self.family.reasoning:

@@ -397,7 +397,7 @@ class SessionManager:
         if not stops:
             return out, lps, vers, finish, last_stop, None
         body = out[:-1] if last_stop is not None else out
-        text = self.tok.tokenizer.decode(body, skip_special_tokens=True)
+        text = self.tok.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         hits = [(text.find(s), s) for s in stops if s in text]
         if not hits:
             return out, lps, vers, finish, last_stop, None
@@ -406,7 +406,12 @@ class SessionManager:
         lo, hi = 1, len(body)  # smallest k whose decoded prefix contains the stop string
         while lo < hi:
             mid = (lo + hi) // 2
-            if s in self.tok.tokenizer.decode(body[:mid], skip_special_tokens=True)[: need + 8]:
+            if (
+                s
+                in self.tok.tokenizer.decode(
+                    body[:mid], skip_special_tokens=True, clean_up_tokenization_spaces=False
+                )[: need + 8]
+            ):
                 hi = mid
             else:
                 lo = mid + 1

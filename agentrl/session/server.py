@@ -271,7 +271,9 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
         if req.tool_choice == "none" and msg.tool_calls:  # the agent asked for no calls: return the text
             msg = Message(
                 role="assistant",
-                content=manager.tok.tokenizer.decode(res.output_ids, skip_special_tokens=True),
+                content=manager.tok.tokenizer.decode(
+                    res.output_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+                ),
             )
         body: dict[str, Any] = {"role": "assistant", "content": msg.content}
         if msg.reasoning_content is not None:

@@ -247,3 +247,14 @@ def test_glm4_refuses_a_system_message_that_would_move_to_the_top(tokenizers: An
     a1 = run(sm.chat(sid, [user("q1")], None, SP))
     with pytest.raises(TemplateError, match=r"after message 1 changes how the earlier messages render"):
         run(sm.chat(sid, [user("q1"), a1, Message(role="system", content="new rules")], None, SP))
+
+
+def test_audit_compares_in_the_tokenizers_normal_form(tokenizers: Any) -> None:
+    tok = tokenizers["tiny-qwen2.5"]
+    sm = SessionManager(tok, ScriptedEngine(tok))
+    sid = sm.create()
+    decomposed = [user("cafe\u0301 , spaced  punctuation !")]  # NFC composes é; nothing is cleaned up
+    a1 = run(sm.chat(sid, decomposed, None, SP))
+    run(sm.chat(sid, [*decomposed, a1, user("o\u0308")], None, SP))
+    report = sm.audit(sid)[0]
+    assert report.unexplained == 0, report.first_problem
