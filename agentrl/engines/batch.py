@@ -14,7 +14,6 @@ update: cached KV from older weights is never reused by a new request.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Forward", "KVBatch", "LayerKV", "PrefixCache"]
+__all__ = ["PREFIX_BLOCK", "Forward", "KVBatch", "LayerKV", "PrefixCache"]
 
 LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
 """Per-layer ``(keys, values)``, each ``(1, H, T, D)``: one sequence's KV without padding."""
@@ -129,12 +128,31 @@ class KVBatch:
         ]
 
 
+PREFIX_BLOCK = 16
+"""Granularity of the prefix index: matches are found per block of tokens, then extended token by token."""
+
+
+def _block_hashes(tokens: tuple[int, ...]) -> list[int]:
+    """Chained hashes of each full ``PREFIX_BLOCK``-token prefix: ``h[b]`` identifies ``tokens[:(b + 1) * BLOCK]``."""
+    out, h = [], 0
+    for start in range(0, len(tokens) - PREFIX_BLOCK + 1, PREFIX_BLOCK):
+        h = hash((h, tokens[start : start + PREFIX_BLOCK]))
+        out.append(h)
+    return out
+
+
 class PrefixCache:
-    """LRU map from a token sequence to its KV, bounded by bytes; finds the longest cached prefix of a prompt."""
+    """LRU map from a token sequence to its KV, bounded by bytes; finds the longest cached prefix of a prompt.
+
+    A hash index over block-aligned prefixes makes a lookup cost O(prompt length),
+    independent of how many sequences are cached (every episode's system prompt and tool
+    list is a shared prefix, so a scan over entries would compare it again for each one).
+    """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[int, ...], tuple[LayerKV, int]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, ...], tuple[LayerKV, int, list[int]]] = OrderedDict()
+        self._index: dict[int, tuple[int, ...]] = {}  # block-prefix hash -> a cached key with that prefix
         self._bytes = 0
         self.hits = 0
         self.hit_tokens = 0
@@ -144,44 +162,59 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._index.clear()
         self._bytes = 0
 
     def put(self, tokens: Sequence[int], kv: LayerKV) -> None:
         key = tuple(tokens)
-        if self.max_bytes <= 0 or not key or key in self._entries:
-            if key in self._entries:
-                self._entries.move_to_end(key)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return
+        if self.max_bytes <= 0 or len(key) < PREFIX_BLOCK:
             return
         size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
         if size > self.max_bytes:
             return
-        self._entries[key] = (kv, size)
+        hashes = _block_hashes(key)
+        self._entries[key] = (kv, size, hashes)
+        for h in hashes:
+            self._index[h] = key
         self._bytes += size
         while self._bytes > self.max_bytes:
-            _, (_, old) = self._entries.popitem(last=False)
-            self._bytes -= old
+            old_key, (_, old_size, old_hashes) = self._entries.popitem(last=False)
+            self._bytes -= old_size
+            for h in old_hashes:
+                if self._index.get(h) == old_key:
+                    del self._index[
+                        h
+                    ]  # another entry with this prefix may now be missed: less reuse, never wrong
 
     def lookup(self, prompt: Sequence[int], min_tokens: int = 1) -> tuple[int, LayerKV] | None:
         """KV of the longest cached prefix of ``prompt[:-1]`` (at least ``min_tokens`` long), or ``None``.
 
         Any cached sequence that shares a prefix with the prompt serves, sliced to the shared part:
         KV at position ``t`` depends only on tokens ``<= t``. The prompt's last token is always
-        recomputed, since its logits are needed.
+        recomputed, since its logits are needed. Shared prefixes shorter than one block are not found.
         """
-        limit = len(prompt) - 1
-        head = tuple(prompt[:limit])
+        head = tuple(prompt[: len(prompt) - 1])
         best_key: tuple[int, ...] | None = None
-        best = 0
-        for key in self._entries:
-            if not head or key[0] != head[0]:
-                continue
-            n = len(os.path.commonprefix([key[:limit], head]))
-            if n > best:
-                best_key, best = key, n
-        if best_key is None or best < max(1, min_tokens):
+        h = 0
+        n = 0
+        for start in range(0, len(head) - PREFIX_BLOCK + 1, PREFIX_BLOCK):
+            h = hash((h, head[start : start + PREFIX_BLOCK]))
+            key = self._index.get(h)
+            if key is None:
+                break
+            best_key, n = key, start + PREFIX_BLOCK
+        if best_key is None or best_key[:n] != head[:n]:  # nothing shared, or a hash collision
+            return None
+        end = min(len(best_key), len(head))
+        while n < end and best_key[n] == head[n]:
+            n += 1
+        if n < max(1, min_tokens):
             return None
         self._entries.move_to_end(best_key)
         self.hits += 1
-        self.hit_tokens += best
+        self.hit_tokens += n
         kv = self._entries[best_key][0]
-        return best, [(k[:, :, :best], v[:, :, :best]) for k, v in kv]
+        return n, [(k[:, :, :n], v[:, :, :n]) for k, v in kv]
