@@ -88,14 +88,18 @@ def _calls_key(m: Message) -> list[tuple[str, Any]]:
 def same_message(stored: Message, sent: Message) -> bool:
     """Whether the agent's copy of a message matches the ledger's.
 
-    Assistant turns compare role, stripped content, tool-call names and JSON-equal
-    arguments, and reasoning only if the agent sent it back (agents often drop it;
-    the ledger keeps the model's own tokens either way). Other messages must be equal.
+    Assistant turns compare role, tool-call names and JSON-equal arguments, stripped
+    content (unless the agent sent ``None`` for a turn with tool calls), and reasoning
+    only if the agent sent it back (agents often drop both; the ledger keeps the
+    model's own tokens either way). Other messages must be equal.
     """
     if stored.role != sent.role:
         return False
     if stored.role == "assistant":
-        if _norm(stored.content) != _norm(sent.content) or _calls_key(stored) != _calls_key(sent):
+        if _calls_key(stored) != _calls_key(sent):
+            return False
+        content_dropped = sent.content is None and bool(stored.tool_calls)  # agents often drop it
+        if not content_dropped and _norm(stored.content) != _norm(sent.content):
             return False
         return sent.reasoning_content is None or _norm(sent.reasoning_content) == _norm(
             stored.reasoning_content

@@ -81,6 +81,28 @@ def test_changed_tools_diverge_but_dropped_reasoning_does_not(tokenizers: Any) -
     assert res.diverged == "tools_changed"
 
 
+def test_tool_call_turn_echoed_without_content_still_extends(setup: Any) -> None:
+    sm, eng = setup
+    sid = sm.create()
+    eng.push('Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+    a = asyncio.run(sm.chat(sid, [user("q")], TOOLS, SP))
+    assert a.content == "Let me look." and a.tool_calls
+    echoed = Message(role="assistant", content=None, tool_calls=a.tool_calls)
+    tool = Message(role="tool", tool_call_id=a.tool_calls[0].id, content="1")
+    assert asyncio.run(sm.chat_completion(sid, [user("q"), echoed, tool], TOOLS, SP)).diverged is None
+    changed_args = Message(
+        role="assistant",
+        content=None,
+        tool_calls=[
+            a.tool_calls[0].model_copy(
+                update={"function": a.tool_calls[0].function.model_copy(update={"arguments": '{"x": 2}'})}
+            )
+        ],
+    )
+    res = asyncio.run(sm.chat_completion(sid, [user("q"), changed_args, tool, user("more")], TOOLS, SP))
+    assert res.diverged == "edited"
+
+
 def test_engine_failure_commits_nothing_and_the_turn_can_be_retried(setup: Any) -> None:
     sm, eng = setup
     sid, msgs = two_turns(sm)
