@@ -33,20 +33,26 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def agentrl_round(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
+def agentrl_round(args: argparse.Namespace, model_dir: str) -> dict[str, Any]:
     from agentrl.trainer.backend import FSDP2Backend
     from agentrl.trainer.config import resolve
     from agentrl.trainer.loop import _train_step, build_runtime
     from agentrl.trainer.weight_sync import InProcessSync
 
     cfg = resolve(
-        model=model_dir, group_size=args.group_size, tasks_per_step=args.prompts, max_new_tokens=args.max_new_tokens,
-        lr=1e-5, clip_high=0.2, threads=args.threads, sft_steps=0,
+        model=model_dir,
+        group_size=args.group_size,
+        tasks_per_step=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        lr=1e-5,
+        clip_high=0.2,
+        threads=args.threads,
+        sft_steps=0,
     )
     rt = build_runtime(cfg)
     be = FSDP2Backend(rt.policy, cfg.algo, cfg.optim, device="cpu")
     sync = InProcessSync(rt.engine)
-    split = {"rollout": [], "train": [], "sync": []}
+    split: dict[str, list[float]] = {"rollout": [], "train": [], "sync": [], "length": []}
     try:
         t_start = 0.0
         for step in range(args.steps + 1):
@@ -64,15 +70,17 @@ def agentrl_round(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
                 split["rollout"].append(t1 - t0)
                 split["train"].append(t2 - t1)
                 split["sync"].append(t3 - t2)
+                split["length"].append(res.metrics["rollout/completion_tokens"])
         wall = time.perf_counter() - t_start
     finally:
         rt.close()
-    out = {k: statistics.mean(v) for k, v in split.items()}
+    out: dict[str, Any] = {k: statistics.mean(v) for k, v in split.items()}
+    out["length"] = split["length"]
     out["samples_per_s"] = args.steps * args.prompts * args.group_size / wall
     return out
 
 
-def trl_round(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
+def trl_round(args: argparse.Namespace, model_dir: str) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -86,8 +94,13 @@ def trl_round(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
     rows = []
     for seed in range(args.prompts * (args.steps + 1)):
         msgs, info = env.reset(seed=seed)
-        rows.append({"prompt": [m.model_dump(exclude_none=True) for m in msgs],
-                     "numbers": info["numbers"], "target": info["target"]})
+        rows.append(
+            {
+                "prompt": [m.model_dump(exclude_none=True) for m in msgs],
+                "numbers": info["numbers"],
+                "target": info["target"],
+            }
+        )
     data = Dataset.from_list(rows)
 
     def reward(completions: list[Any], numbers: list[list[int]], target: list[int], **_: Any) -> list[float]:
@@ -98,8 +111,13 @@ def trl_round(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
         return out
 
     times: list[float] = []
+    lengths: list[float] = []
 
     class Timer(TrainerCallback):
+        def on_log(self, *a: Any, logs: dict[str, Any] | None = None, **k: Any) -> None:
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
+
         def on_step_begin(self, *a: Any, **k: Any) -> None:
             self.t = time.perf_counter()
 
@@ -109,25 +127,48 @@ def trl_round(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as out_dir:
         cfg = GRPOConfig(
-            output_dir=out_dir, use_cpu=True, bf16=False, num_generations=args.group_size,
-            per_device_train_batch_size=args.prompts * args.group_size, gradient_accumulation_steps=1,
-            max_completion_length=args.max_new_tokens, max_steps=args.steps + 1, learning_rate=1e-5,
-            beta=0.0, temperature=1.0, report_to="none", logging_steps=1000, save_strategy="no",
-            dataloader_num_workers=0, seed=0, disable_tqdm=True,
+            output_dir=out_dir,
+            use_cpu=True,
+            bf16=False,
+            num_generations=args.group_size,
+            per_device_train_batch_size=args.prompts * args.group_size,
+            gradient_accumulation_steps=1,
+            max_completion_length=args.max_new_tokens,
+            max_steps=args.steps + 1,
+            learning_rate=1e-5,
+            beta=0.0,
+            temperature=1.0,
+            report_to="none",
+            logging_steps=1000,
+            save_strategy="no",
+            dataloader_num_workers=0,
+            seed=0,
+            disable_tqdm=True,
         )
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
-                              callbacks=[Timer()])
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=cfg,
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[Timer()],
+        )
         trainer.train()
     measured = times[1:]
-    return {"samples_per_s": len(measured) * args.prompts * args.group_size / sum(measured)}
+    return {"samples_per_s": len(measured) * args.prompts * args.group_size / sum(measured),
+            "length": statistics.mean(lengths[1:] or lengths or [float("nan")])}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny")
-    p.add_argument("--steps", type=int, default=4, help="measured optimizer steps per round (plus one warm-up)")
+    p.add_argument(
+        "--steps", type=int, default=4, help="measured optimizer steps per round (plus one warm-up)"
+    )
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=4, help="tasks per step; completions per step = prompts * group size")
+    p.add_argument(
+        "--prompts", type=int, default=4, help="tasks per step; completions per step = prompts * group size"
+    )
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
@@ -137,21 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     from agentrl.models import resolve
 
     model_dir = resolve(args.model)
-    ours: list[dict[str, float]] = []
-    theirs: list[dict[str, float]] = []
+    ours: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
     for _ in range(args.rounds):
         ours.append(agentrl_round(args, model_dir))
         theirs.append(trl_round(args, model_dir))
     a = max(ours, key=lambda r: r["samples_per_s"])
     t = max(theirs, key=lambda r: r["samples_per_s"])
     batch = args.prompts * args.group_size
-    print(f"model {args.model}, countdown, G={args.group_size}, {batch} completions/step, "
-          f"max {args.max_new_tokens} new tokens, {args.steps} measured steps, best of {args.rounds} rounds")
+    print(
+        f"model {args.model}, countdown, G={args.group_size}, {batch} completions/step, "
+        f"max {args.max_new_tokens} new tokens, {args.steps} measured steps, best of {args.rounds} rounds"
+    )
     print()
-    print("| trainer | samples/s | ratio |")
-    print("| --- | ---: | ---: |")
-    print(f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | 1.00x |")
-    print(f"| agentrl | {a['samples_per_s']:.1f} | {a['samples_per_s'] / t['samples_per_s']:.2f}x |")
+    print("| trainer | samples/s | mean completion tokens | ratio |")
+    print("| --- | ---: | ---: | ---: |")
+    print(f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | {t['length']:.1f} | 1.00x |")
+    print(f"| agentrl | {a['samples_per_s']:.1f} | {statistics.mean(a['length']):.1f} | "
+          f"{a['samples_per_s'] / t['samples_per_s']:.2f}x |")
     print()
     total = a["rollout"] + a["train"] + a["sync"]
     print("| agentrl step split | seconds | share |")

@@ -30,6 +30,7 @@ import tomllib
 from agentrl.errors import ConfigError
 
 __all__ = [
+    "DEMO_ENV_KWARGS",
     "AlgoConfig",
     "ModelConfig",
     "OptimConfig",
@@ -49,6 +50,14 @@ PolicyLossKind = Literal["ppo", "gspo", "cispo"]
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k2", "k3"]
 SyncKind = Literal["inprocess", "disk", "broadcast"]
+
+
+DEMO_ENV_KWARGS: dict[str, dict[str, Any]] = {
+    "countdown": {"num_numbers": 2, "max_number": 5, "operations": "+"},
+}
+"""Env kwargs used when ``env_kwargs`` is left empty: the difficulty at which the default tiny
+model, starting from random weights, learns the task within the few-minute CPU demo. Pass
+``--env-kwargs`` (any JSON object, e.g. ``{"num_numbers": 3}``) to choose another difficulty."""
 
 
 def _fail(section: str, name: str, value: Any, why: str) -> None:
@@ -84,7 +93,7 @@ class RolloutConfig:
     env: str = "countdown"
     """environment name (see `agentrl envs`)"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments for the env constructor (JSON object on the command line)"""
+    """keyword arguments for the env constructor (JSON object); empty = the env's demo preset, if any"""
     env_url: str = ""
     """URL of a remote env server; empty runs the env in-process"""
     session_url: str = ""
@@ -120,6 +129,8 @@ class RolloutConfig:
             _fail("rollout", "max_infra_retries/eval_every", (self.max_infra_retries, self.eval_every), "must be >= 0")
         if not isinstance(self.env_kwargs, dict):
             _fail("rollout", "env_kwargs", self.env_kwargs, "must be a table / JSON object")
+        if not self.env_kwargs and self.env in DEMO_ENV_KWARGS:
+            object.__setattr__(self, "env_kwargs", dict(DEMO_ENV_KWARGS[self.env]))
 
 
 @dataclass(frozen=True)
@@ -194,7 +205,7 @@ class AlgoConfig:
 class OptimConfig:
     """Optimizer and micro-batching."""
 
-    lr: float = 5e-4
+    lr: float = 5e-5
     """AdamW learning rate of the RL phase"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
@@ -222,11 +233,11 @@ class RunConfig:
     """RL train steps"""
     seed: int = 0
     """seed of torch, sampling and task order"""
-    sft_steps: int = 150
+    sft_steps: int = 60
     """supervised warm-start steps on oracle solutions before RL (0 = none)"""
-    sft_batch_size: int = 32
+    sft_batch_size: int = 16
     """oracle episodes per warm-start step"""
-    sft_lr: float = 3e-3
+    sft_lr: float = 2e-3
     """AdamW learning rate of the warm start"""
     run_dir: str = ""
     """output directory; empty = $AGENTRL_HOME/runs/<env>-<time>"""
