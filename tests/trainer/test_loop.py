@@ -75,3 +75,17 @@ def test_eval_command_on_a_checkpoint(tmp_path, capsys):
     assert rc == 0, err
     assert "3 held-out seeds" in out and "reward" in out
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 1
+
+
+def test_sft_command_saves_an_hf_model(tmp_path, capsys):
+    rc, out, err = _cli(
+        capsys, "sft", "--model", "tiny-qwen3", "--sft-steps", "3", "--sft-batch-size", "4", "--eval-episodes", "2",
+        "--max-new-tokens", "4", "--run-dir", str(tmp_path), "--no-progress", "--no-tensorboard",
+    )
+    assert rc == 0, err
+    assert "oracle episodes of 'countdown'" in out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert AutoTokenizer.from_pretrained(tmp_path / "model").chat_template
+    assert any(r["kind"] == "sft" for r in read_jsonl(tmp_path / "metrics.jsonl"))
