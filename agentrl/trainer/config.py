@@ -430,6 +430,7 @@ def add_cli_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | N
                 kw["metavar"] = "JSON"
             else:
                 kw["type"] = base
+                kw["metavar"] = "{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper()
                 if choices:
                     kw["choices"] = choices
             group.add_argument(_flag(f.name), **kw)
