@@ -103,7 +103,7 @@ class DiskSync:
         tmp = self.root / f".v{want}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+        tensors = _dedupe_tied(state_dict)
         save_file(tensors, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -209,6 +209,22 @@ def _trainer_group(host: str, port: int, world_size: int, timeout_s: float, grou
     # the same key layout as a registered group named group_name (c10d's helper nests these prefixes)
     prefixed = c10d.PrefixStore("cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store)))
     return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+
+
+def _dedupe_tied(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Tied tensors (``lm_head.weight`` = ``embed_tokens.weight``) once, as safetensors requires.
+
+    The engine's model ties them too, so updating one name updates both.
+    """
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for k, v in state_dict.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[k] = v.detach().contiguous().cpu()
+    return out
 
 
 def _free_port(host: str) -> int:

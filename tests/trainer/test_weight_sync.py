@@ -17,8 +17,8 @@ from agentrl.trainer.weight_sync import BroadcastSync, DiskSync, InProcessSync  
 
 
 def _new_weights() -> dict[str, torch.Tensor]:
-    m = tiny_model(seed=7)
-    return {k: v.clone() for k, v in m.state_dict().items()}
+    """A trainer's state dict, tied embeddings sharing storage as they do in a real model."""
+    return tiny_model(seed=7).state_dict()
 
 
 @pytest.mark.parametrize("kind", ["inprocess", "disk", "broadcast"])
@@ -50,7 +50,7 @@ def test_rejected_update_keeps_old_weights_and_version():
     engine = HFEngine(tiny_model(), device="cpu", prefix_cache_bytes=0)
     try:
         before = {k: v.clone() for k, v in engine.model.state_dict().items()}
-        bad = _new_weights()
+        bad = dict(_new_weights())
         bad["model.embed_tokens.weight"] = torch.zeros(3, 3)
         with pytest.raises(WeightSyncError, match="version 1 failed"):
             InProcessSync(engine).push(bad)
