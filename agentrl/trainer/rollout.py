@@ -73,10 +73,6 @@ class RolloutResult:
         return [e for g in self.groups for e in g]
 
 
-class _ModelError(Exception):
-    pass
-
-
 class RolloutManager:
     """Runs groups of episodes of ``env_factory()`` envs through ``sessions`` (a SessionManager)."""
 
@@ -153,7 +149,7 @@ class RolloutManager:
                 last = f"episode deadline of {self.episode_timeout_s} s passed"
             except Exception as e:  # noqa: BLE001 - classified below, never crashes the other episodes
                 last = f"{type(e).__name__}: {e}"
-                if not isinstance(e, Exception) or _is_bug(e):
+                if _is_bug(e):
                     last += "\n" + traceback.format_exc(limit=3)
         return Episode(seed, group_id, 0.0, [], "infra_error", last, attempts=self.max_infra_retries + 1)
 
