@@ -219,7 +219,7 @@ def _dedupe_tied(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
     out: dict[str, torch.Tensor] = {}
     seen: set[tuple[int, int]] = set()
     for k, v in state_dict.items():
-        key = (v.untyped_storage().data_ptr(), v.storage_offset())
+        key = (v.untyped_storage().data_ptr(), int(v.storage_offset()))
         if key in seen:
             continue
         seen.add(key)
