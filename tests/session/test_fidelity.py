@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from scripted import ScriptedEngine
 
 from agentrl.engines.protocol import Generation
+from agentrl.session.errors import ContextFullError
 from agentrl.session.manager import SessionManager
 from agentrl.types import FunctionSpec, Message, SamplingParams, ToolSpec
 
@@ -149,6 +150,25 @@ def appended_messages(draw: Any, last: Message) -> list[Message]:
     return out
 
 
+# What the agent appends after a reply: (kind, tool results, user text), drawn before the reply exists.
+AGENT_TURN = st.tuples(
+    st.sampled_from(["user", "tools", "tools+user"]), st.lists(TEXT, min_size=1, max_size=3), TEXT
+)
+
+
+def agent_messages(agent_turn: tuple[str, list[str], str], reply: Message) -> list[Message]:
+    kind, results, text = agent_turn
+    out: list[Message] = []
+    if kind.startswith("tools"):
+        ids = [c.id for c in reply.tool_calls or []] or [f"call_{i}" for i in range(len(results))]
+        out += [
+            Message(role="tool", tool_call_id=i, content=results[k % len(results)]) for k, i in enumerate(ids)
+        ]
+    if kind.endswith("user"):
+        out.append(Message(role="user", content=text))
+    return out
+
+
 # ---------------------------------------------------------------- the real engine
 
 
@@ -174,24 +194,27 @@ def test_fidelity_real_engine(model: str, tokenizers: Any, engines: Any) -> None
             first = ([Message(role="system", content=system)] if system is not None else []) + [
                 Message(role="user", content=data.draw(TEXT))
             ]
-            convs.append((sm.create(), first))
+            # everything is drawn up front: the two conversations run concurrently, in any order
+            plan = [(data.draw(st.integers(1, 8)), data.draw(AGENT_TURN)) for _ in range(n_turns)]
+            convs.append((sm.create(), first, plan))
 
-        async def drive(sid: str, first: list[Message], seed: int) -> None:
+        async def drive(sid: str, first: list[Message], plan: list[Any], seed: int) -> None:
             msgs = list(first)
-            for turn in range(n_turns):
-                sp = SamplingParams.model_validate(
-                    {"max_new_tokens": data.draw(st.integers(1, 8)), "seed": seed * 100 + turn}
-                )
-                reply = (await sm.chat_completion(sid, msgs, tools, sp, template_kwargs=kw)).message
+            for turn, (max_new, agent_turn) in enumerate(plan):
+                sp = SamplingParams.model_validate({"max_new_tokens": max_new, "seed": seed * 100 + turn})
+                try:
+                    reply = (await sm.chat_completion(sid, msgs, tools, sp, template_kwargs=kw)).message
+                except ContextFullError:  # long messages can outgrow the tiny models' context: episode over
+                    assert turn > 0
+                    return
                 msgs.append(reply)
-                if turn + 1 < n_turns:
-                    msgs += data.draw(appended_messages(reply))
+                msgs += agent_messages(agent_turn, reply)
 
         async def both() -> None:
-            await asyncio.gather(*(drive(sid, first, i) for i, (sid, first) in enumerate(convs)))
+            await asyncio.gather(*(drive(sid, first, plan, i) for i, (sid, first, plan) in enumerate(convs)))
 
         asyncio.run(both())
-        for sid, first in convs:
+        for sid, first, _ in convs:
             check_session(sm, rec, sid, first, tools, kw)
             sm.close(sid)
         assert sm.metrics()["tito/divergences"] == 0
