@@ -32,6 +32,7 @@ __all__ = [
     "Segment",
     "SessionEngineError",
     "SessionError",
+    "SessionClient",
     "SessionManager",
     "SessionRequestError",
     "TemplateError",
@@ -49,4 +50,8 @@ def __getattr__(name: str) -> object:
         from agentrl.session.server import create_app
 
         return create_app
+    if name == "SessionClient":
+        from agentrl.session.client import SessionClient
+
+        return SessionClient
     raise AttributeError(f"module 'agentrl.session' has no attribute {name!r}")

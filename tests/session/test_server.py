@@ -243,3 +243,30 @@ def test_256_concurrent_sessions_on_the_real_engine(tokenizers: Any, engines: An
         assert t.num_turns == 2 and 2 <= t.num_sampled <= 6
         assert sum(t.loss_mask[s.start : s.end].count(1) for s in t.turn_spans) == t.num_sampled
     assert sm.metrics()["tito/divergences"] == 0 and sm.num_sessions == 0
+
+
+def test_python_client(scripted: Any) -> None:
+    from agentrl.session.client import SessionClient
+    from agentrl.session.errors import SessionEngineError, SessionRequestError, UnknownSessionError
+    from agentrl.types import Message
+
+    url, eng, sm = scripted
+    with SessionClient(url, timeout_s=30) as client:
+        sid = client.create()
+        eng.push("hello there")
+        reply = client.chat(sid, [Message(role="user", content="hi")], max_tokens=16)
+        assert reply.content == "hello there"
+        (traj,) = client.trajectories(sid)
+        assert traj.token_ids == eng.prompts[-1] + eng.outputs[-1]
+        assert client.info(sid)["num_turns"] == 1
+        assert client.tokenize(text="hi") == sm.tok.encode("hi")
+        assert "tito/turns" in client.metrics()
+        eng.fail_next = RuntimeError("gpu fell off")
+        with pytest.raises(SessionEngineError, match="gpu fell off"):
+            client.chat(sid, [Message(role="user", content="hi")])
+        with pytest.raises(SessionRequestError, match="temperature"):
+            client.chat(sid, [Message(role="user", content="hi")], temperature=-1)
+        assert len(client.delete(sid)) == 1
+        with pytest.raises(UnknownSessionError, match="404"):
+            client.info(sid)
+        assert client.openai_base_url(sid).endswith(f"/sessions/{sid}/v1")
