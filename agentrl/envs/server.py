@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import threading
 import time
@@ -78,8 +79,20 @@ class _HTTPError(Exception):
         self.status, self.detail, self.infra_error, self.headers = status, detail, infra_error, headers
 
 
+def _json_bytes(data: Any) -> bytes:
+    """Serialize a response body; orjson first, the stdlib encoder for what orjson refuses.
+
+    orjson raises on integers beyond 64 bits (an env may echo a user's huge ``options`` value into
+    ``info``); the stdlib encoder writes them exactly, so such a reply is still answered, not dropped.
+    """
+    try:
+        return orjson.dumps(data, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return json.dumps(data, default=str, ensure_ascii=False).encode()
+
+
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    body = orjson.dumps(data, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    body = _json_bytes(data)
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
@@ -469,7 +482,7 @@ class _FrontDoor:
             self.state.counters[f"http_{e.status}"] += 1
             status, headers = e.status, e.headers
             payload = {"detail": e.detail, "infra_error": e.infra_error}
-        body_bytes = orjson.dumps(payload, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+        body_bytes = _json_bytes(payload)
         raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body_bytes)).encode())]
         raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         await send({"type": "http.response.start", "status": status, "headers": raw_headers})

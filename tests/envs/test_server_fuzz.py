@@ -78,3 +78,16 @@ def test_live_episode_fuzz_finds_no_server_error(
             assert resp.status_code < 500, f"{resp.request.url} -> {resp.status_code}: {resp.text}"
             if resp.status_code >= 400:
                 assert resp.json()["detail"]
+
+
+def test_a_reply_holding_an_integer_beyond_64_bits_is_answered(server_url: str) -> None:
+    """Found by the live fuzz: countdown echoes a caller's target into ``info``; a 2**70 target
+    made the fast JSON encoder raise and the connection drop without a reply."""
+    with httpx.Client(base_url=server_url, timeout=10) as http:
+        eid = http.post("/episodes", json={"env_id": "countdown-v0"}).json()["episode_id"]
+        r = http.post(f"/episodes/{eid}/reset", json={"seed": 1, "options": {"numbers": [2, 3], "target": 2**70}})
+        assert r.status_code == 200, r.text
+        assert str(2**70) in r.json()["messages"][0]["content"]
+        r = http.post(f"/episodes/{eid}/step", json={"action": {"role": "assistant", "content": "<answer>2+3</answer>"}})
+        assert r.status_code == 200, r.text
+        assert r.json()["reward"] < 1.0
