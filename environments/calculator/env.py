@@ -2,7 +2,8 @@
 
 Each task is a generated word problem whose answer is an integer built from two
 or three 2–3 digit numbers (so mental arithmetic is hard for a small model and
-the tool pays off). The model may call ``calculate(expression)`` any number of
+the tool pays off); ``templates`` (indices into the problem kinds) and
+``operand_range`` (``[low, high)`` for every number) choose an easier setting. The model may call ``calculate(expression)`` any number of
 times within ``max_turns``, then gives its final answer as a message without
 tool calls containing ``<answer>N</answer>``. Reward 1.0 for the exact answer,
 0.0 otherwise. The tool evaluates ``+ - * /``, parentheses, unary minus and
@@ -82,17 +83,32 @@ class CalculatorEnv(ToolEnv):
 
     reward_range = (0.0, 1.0)
 
-    def __init__(self, max_turns: int = 4) -> None:
+    def __init__(self, max_turns: int = 4, templates: list[int] | None = None,
+                 operand_range: list[int] | None = None) -> None:
         if max_turns < 2:
             raise ValueError(f"max_turns must be ≥ 2 (one tool call and one answer), got {max_turns}")
+        if templates is not None:
+            bad = [t for t in templates if not isinstance(t, int) or not 0 <= t < len(_TEMPLATES)]
+            if not templates or bad:
+                raise ValueError(
+                    f"templates must be a non-empty list of indices 0..{len(_TEMPLATES) - 1}, got {templates!r}")
+        if operand_range is not None and (
+                len(operand_range) != 2 or not 1 <= operand_range[0] < operand_range[1]):
+            raise ValueError(f"operand_range must be [low, high) with 1 ≤ low < high, got {operand_range!r}")
         self.max_turns = max_turns
+        self.templates = list(templates) if templates is not None else None
+        self.operand_range = (int(operand_range[0]), int(operand_range[1])) if operand_range is not None else None
         self.expression = ""
         self.solution = 0
 
     def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
         rng = self.np_random
-        template, expr = _TEMPLATES[int(rng.integers(len(_TEMPLATES)))]
-        a, b, c = (int(x) for x in rng.integers([12, 11, 10], [99, 60, 400]))
+        if self.templates is None:
+            template, expr = _TEMPLATES[int(rng.integers(len(_TEMPLATES)))]
+        else:
+            template, expr = _TEMPLATES[self.templates[int(rng.integers(len(self.templates)))]]
+        low, high = ([12, 11, 10], [99, 60, 400]) if self.operand_range is None else self.operand_range
+        a, b, c = (int(x) for x in rng.integers(low, high, size=3))
         values = {"a": a, "b": b, "c": c, "p": a * b}
         self.expression = expr.format(**values)
         self.solution = int(evaluate(self.expression))

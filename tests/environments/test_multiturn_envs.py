@@ -101,3 +101,17 @@ def test_frozenlake_hole_ends_with_zero_and_maps_vary() -> None:
             assert (result.reward, result.terminated, result.messages) == (0.0, True, [])
             return
     pytest.fail("no map with a hole below the start in 50 seeds")
+
+
+def test_calculator_easy_setting_restricts_kinds_and_numbers() -> None:
+    env = envs.make("calculator-v0", templates=[0], operand_range=[2, 10])
+    for seed in range(30):
+        _, info = env.reset(seed=seed)
+        a, b = (int(x) for x in env.expression.split("*"))  # type: ignore[attr-defined]
+        assert 2 <= a < 10 and 2 <= b < 10 and info["question"].startswith("A crate holds")
+    default = envs.make("calculator-v0")
+    default.reset(seed=4)
+    assert default.expression == "5076/94"  # type: ignore[attr-defined]  # the default tasks are unchanged
+    for bad in ({"templates": []}, {"templates": [7]}, {"operand_range": [5, 5]}, {"operand_range": [0, 3]}):
+        with pytest.raises(ValueError):
+            envs.make("calculator-v0", **bad)
