@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import inspect
 import json
+import re
 import sys
 import types
 import typing
@@ -129,8 +130,9 @@ class RolloutConfig:
             _fail("rollout", "max_infra_retries/eval_every", (self.max_infra_retries, self.eval_every), "must be >= 0")
         if not isinstance(self.env_kwargs, dict):
             _fail("rollout", "env_kwargs", self.env_kwargs, "must be a table / JSON object")
-        if not self.env_kwargs and self.env in DEMO_ENV_KWARGS:
-            object.__setattr__(self, "env_kwargs", dict(DEMO_ENV_KWARGS[self.env]))
+        preset = DEMO_ENV_KWARGS.get(re.sub(r"-v\d+$", "", self.env))  # countdown-v0 is countdown
+        if not self.env_kwargs and preset is not None:
+            object.__setattr__(self, "env_kwargs", dict(preset))
 
 
 @dataclass(frozen=True)

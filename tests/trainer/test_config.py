@@ -88,3 +88,4 @@ def test_countdown_demo_preset_applies_only_when_env_kwargs_is_empty():
     assert C.resolve().rollout.env_kwargs == C.DEMO_ENV_KWARGS["countdown"]
     assert C.resolve(env_kwargs={"num_numbers": 3}).rollout.env_kwargs == {"num_numbers": 3}
     assert C.resolve(env="calculator").rollout.env_kwargs == {}
+    assert C.resolve(env="countdown-v0").rollout.env_kwargs == C.DEMO_ENV_KWARGS["countdown"]
