@@ -60,6 +60,9 @@ def _error(op: str, url: str, response: httpx.Response) -> EnvServerError:
     return EnvServerError(message, status=status, detail=detail, infra_error=infra)
 
 
+_RETRY = object()  # an attempt that should be repeated after a back-off
+
+
 class RemoteEnv(Env):
     """An episode of ``env_id`` on the env server at ``url``, used like a local env.
 
@@ -130,51 +133,58 @@ class RemoteEnv(Env):
 
     def _request(self, method: str, path: str, body: Any, *, safe: bool, busy_retry: bool = False) -> Any:
         for attempt in range(self.retries + 1):
-            response = None
+            response, error = None, None
             try:
                 response = self._sync().request(method, path, json=body)
-            except httpx.ConnectError as e:  # nothing was sent: always safe to repeat
-                if attempt == self.retries:
-                    raise EnvConnectionError(f"{method} {self.url}{path}: cannot connect: {e}") from e
-            except httpx.TimeoutException as e:
-                if not safe or attempt == self.retries:
-                    raise EnvTimeoutError(f"{method} {self.url}{path}: {type(e).__name__} after "
-                                          f"{self._timeout.read or 0:g} s read / {self._timeout.connect or 0:g} s "
-                                          "connect deadline") from e
             except httpx.TransportError as e:
-                if not safe or attempt == self.retries:
-                    raise EnvConnectionError(f"{method} {self.url}{path}: {type(e).__name__}: {e}") from e
-            else:
-                if response.status_code < 400:
-                    return response.json()
-                if not (busy_retry and response.status_code in (429, 503)) or attempt == self.retries:
-                    raise _error(method, f"{self.url}{path}", response)
+                error = e
+            result = self._settle(method, path, attempt, response, error, safe=safe, busy_retry=busy_retry)
+            if result is not _RETRY:
+                return result
             time.sleep(self._delay(attempt, response))
         raise AssertionError("unreachable")
 
     async def _arequest(self, method: str, path: str, body: Any, *, safe: bool, busy_retry: bool = False) -> Any:
         for attempt in range(self.retries + 1):
-            response = None
+            response, error = None, None
             try:
                 response = await self._async().request(method, path, json=body)
-            except httpx.ConnectError as e:
-                if attempt == self.retries:
-                    raise EnvConnectionError(f"{method} {self.url}{path}: cannot connect: {e}") from e
-            except httpx.TimeoutException as e:
-                if not safe or attempt == self.retries:
-                    raise EnvTimeoutError(f"{method} {self.url}{path}: {type(e).__name__} after "
-                                          f"{self._timeout.read or 0:g} s read / {self._timeout.connect or 0:g} s "
-                                          "connect deadline") from e
             except httpx.TransportError as e:
-                if not safe or attempt == self.retries:
-                    raise EnvConnectionError(f"{method} {self.url}{path}: {type(e).__name__}: {e}") from e
-            else:
-                if response.status_code < 400:
-                    return response.json()
-                if not (busy_retry and response.status_code in (429, 503)) or attempt == self.retries:
-                    raise _error(method, f"{self.url}{path}", response)
+                error = e
+            result = self._settle(method, path, attempt, response, error, safe=safe, busy_retry=busy_retry)
+            if result is not _RETRY:
+                return result
             await asyncio.sleep(self._delay(attempt, response))
         raise AssertionError("unreachable")
+
+    def _settle(self, method: str, path: str, attempt: int, response: httpx.Response | None,
+                error: httpx.TransportError | None, *, safe: bool, busy_retry: bool) -> Any:
+        """One attempt's outcome, shared by the sync and async paths: the JSON body, ``_RETRY``, or a typed error.
+
+        A failed connect sent nothing, so it is always retried; a timeout or a broken transport is
+        retried only for ``safe`` (idempotent) calls; 429/503 only where ``busy_retry`` says so.
+        """
+        last = attempt == self.retries
+        where = f"{method} {self.url}{path}"
+        if isinstance(error, httpx.ConnectError):
+            if last:
+                raise EnvConnectionError(f"{where}: cannot connect: {error}") from error
+            return _RETRY
+        if isinstance(error, httpx.TimeoutException):
+            if not safe or last:
+                raise EnvTimeoutError(f"{where}: {type(error).__name__} after {self._timeout.read or 0:g} s read / "
+                                      f"{self._timeout.connect or 0:g} s connect deadline") from error
+            return _RETRY
+        if error is not None:
+            if not safe or last:
+                raise EnvConnectionError(f"{where}: {type(error).__name__}: {error}") from error
+            return _RETRY
+        assert response is not None
+        if response.status_code < 400:
+            return response.json()
+        if not (busy_retry and response.status_code in (429, 503)) or last:
+            raise _error(method, f"{self.url}{path}", response)
+        return _RETRY
 
     def _created(self, info: dict[str, Any]) -> None:
         self.episode_id = info["episode_id"]
