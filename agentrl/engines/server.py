@@ -46,7 +46,7 @@ from agentrl.engines.hf import HFEngine, parse_sampling
 from agentrl.engines.protocol import Generation
 from agentrl.types import SamplingParams
 
-__all__ = ["create_app", "sampling_from_sglang"]
+__all__ = ["add_weight_routes", "create_app", "sampling_from_sglang"]
 
 _SAMPLING_MAPPED = {
     "max_new_tokens",
@@ -195,6 +195,108 @@ def _version_arg(v: Any) -> int | None:
         ) from None
 
 
+def _rejected(e: Exception, **extra: Any) -> JSONResponse:
+    return JSONResponse({"success": False, "message": str(e), **extra}, status_code=400)
+
+
+def add_weight_routes(app: FastAPI, engine: Any) -> None:
+    """Serve ``engine``'s weight-update API on ``app`` under SGLang's names and JSON shapes.
+
+    Shared by this server and the session server (whose engine may be an :class:`HFEngine` or
+    an :class:`~agentrl.engines.sglang.SGLangEngine` client of another server). A rejected
+    request (bad body, unknown group, wrong shapes) answers 400 ``{"success": false, "message"}``
+    and leaves the weights and version as they were. Updates are applied by the engine between
+    two decode steps, so they never interleave with half a forward of in-flight generation.
+    """
+
+    async def abort_all() -> int:
+        fn = getattr(engine, "abort_all", None)
+        if fn is None:
+            raise WeightUpdateError("abort_all_requests is not supported by this server's engine; leave it false")
+        return int(await fn())
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> JSONResponse:
+        allowed = {"model_path", "load_format", "abort_all_requests", "weight_version", "is_async",
+                   "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache"}  # fmt: skip
+        try:
+            body = await _body(request)
+            _check_fields(body, allowed, {"model_path"}, "/update_weights_from_disk")
+            if not isinstance(body["model_path"], str):
+                raise WeightUpdateError(
+                    f"model_path must be a directory path string, got {body['model_path']!r}"
+                )
+            if body.get("load_format") not in (None, "auto", "safetensors"):
+                raise WeightUpdateError(
+                    f"load_format={body['load_format']!r} is not supported; use safetensors"
+                )
+            version_arg = _version_arg(body.get("weight_version"))
+            paused = await abort_all() if body.get("abort_all_requests") else 0
+            version = await engine.update_weights(path=body["model_path"], version=version_arg)
+        except _REJECTED as e:
+            return _rejected(e, num_paused_requests=0)
+        return JSONResponse(
+            {
+                "success": True,
+                "message": f"Succeeded to update model weights (version {version}).",
+                "num_paused_requests": paused,
+            }  # fmt: skip
+        )
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request) -> JSONResponse:
+        allowed = {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
+        try:
+            body = await _body(request)
+            _check_fields(body, allowed, allowed - {"group_name", "backend"}, "/init_weights_update_group")
+            backend = body.get("backend", "nccl")
+            device = getattr(engine, "device", None)  # a remote engine checks its own device
+            if backend == "nccl" and device is not None and device.type != "cuda":
+                raise WeightUpdateError(
+                    "backend 'nccl' needs a CUDA engine; this engine runs on CPU, use 'gloo'"
+                )
+            await engine.init_weights_update_group(
+                body["master_address"], int(body["master_port"]), int(body["rank_offset"]), int(body["world_size"]),
+                group_name=body.get("group_name", "weight_update_group"), backend=backend,
+            )  # fmt: skip
+        except _REJECTED as e:
+            return _rejected(e)
+        return JSONResponse({"success": True, "message": "Succeeded to initialize the weight update group."})
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request) -> JSONResponse:
+        allowed = {"names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests",
+                   "weight_version", "load_format", "torch_empty_cache"}  # fmt: skip
+        try:
+            body = await _body(request)
+            _check_fields(body, allowed, {"names", "dtypes", "shapes"}, "/update_weights_from_distributed")
+            if body.get("abort_all_requests"):
+                await abort_all()
+            version = await engine.update_weights_from_distributed(
+                list(body["names"]), list(body["dtypes"]), [list(s) for s in body["shapes"]],
+                group_name=body.get("group_name", "weight_update_group"),
+                flush_cache=bool(body.get("flush_cache", True)),
+                weight_version=_version_arg(body.get("weight_version")),
+            )  # fmt: skip
+        except (*_REJECTED, EngineTimeoutError) as e:
+            return _rejected(e)
+        return JSONResponse({"success": True, "message": f"Succeeded to update weights (version {version})."})
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request) -> JSONResponse:
+        try:
+            body = await _body(request)
+            _check_fields(body, {"group_name"}, set(), "/destroy_weights_update_group")
+            await engine.destroy_weights_update_group(body.get("group_name", "weight_update_group"))
+        except _REJECTED as e:
+            return _rejected(e)
+        return JSONResponse({"success": True, "message": "Succeeded to destroy the weight update group."})
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> dict[str, str]:
+        return {"weight_version": str(engine.weight_version)}
+
+
 def create_app(engine: HFEngine) -> FastAPI:
     """An app serving ``engine`` over SGLang's native API (see the module docstring)."""
     app = FastAPI(title="agentrl engine", version=__version__)
@@ -264,84 +366,7 @@ def create_app(engine: HFEngine) -> FastAPI:
         out = [_response(g, bool(lp)) for g, lp in zip(gens, logprob_flags, strict=True)]
         return JSONResponse(out if batched else out[0])
 
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> JSONResponse:
-        body = await _body(request)
-        allowed = {"model_path", "load_format", "abort_all_requests", "weight_version", "is_async",
-                   "torch_empty_cache", "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache"}  # fmt: skip
-        try:
-            _check_fields(body, allowed, {"model_path"}, "/update_weights_from_disk")
-            if not isinstance(body["model_path"], str):
-                raise WeightUpdateError(
-                    f"model_path must be a directory path string, got {body['model_path']!r}"
-                )
-            if body.get("load_format") not in (None, "auto", "safetensors"):
-                raise WeightUpdateError(
-                    f"load_format={body['load_format']!r} is not supported; use safetensors"
-                )
-            paused = await engine.abort_all() if body.get("abort_all_requests") else 0
-            version = await engine.update_weights(
-                path=body["model_path"], version=_version_arg(body.get("weight_version"))
-            )
-        except _REJECTED as e:
-            return JSONResponse(
-                {"success": False, "message": str(e), "num_paused_requests": 0}, status_code=400
-            )
-        return JSONResponse(
-            {
-                "success": True,
-                "message": f"Succeeded to update model weights (version {version}).",
-                "num_paused_requests": paused,
-            }  # fmt: skip
-        )
-
-    @app.post("/init_weights_update_group")
-    async def init_weights_update_group(request: Request) -> JSONResponse:
-        body = await _body(request)
-        allowed = {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
-        try:
-            _check_fields(body, allowed, allowed - {"group_name", "backend"}, "/init_weights_update_group")
-            backend = body.get("backend", "nccl")
-            if backend == "nccl" and engine.device.type != "cuda":
-                raise WeightUpdateError(
-                    "backend 'nccl' needs a CUDA engine; this engine runs on CPU, use 'gloo'"
-                )
-            await engine.init_weights_update_group(
-                body["master_address"], int(body["master_port"]), int(body["rank_offset"]), int(body["world_size"]),
-                group_name=body.get("group_name", "weight_update_group"), backend=backend,
-            )  # fmt: skip
-        except _REJECTED as e:
-            return JSONResponse({"success": False, "message": str(e)}, status_code=400)
-        return JSONResponse({"success": True, "message": "Succeeded to initialize the weight update group."})
-
-    @app.post("/update_weights_from_distributed")
-    async def update_weights_from_distributed(request: Request) -> JSONResponse:
-        body = await _body(request)
-        allowed = {"names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests",
-                   "weight_version", "load_format", "torch_empty_cache"}  # fmt: skip
-        try:
-            _check_fields(body, allowed, {"names", "dtypes", "shapes"}, "/update_weights_from_distributed")
-            if body.get("abort_all_requests"):
-                await engine.abort_all()
-            version = await engine.update_weights_from_distributed(
-                list(body["names"]), list(body["dtypes"]), [list(s) for s in body["shapes"]],
-                group_name=body.get("group_name", "weight_update_group"),
-                flush_cache=bool(body.get("flush_cache", True)),
-                weight_version=_version_arg(body.get("weight_version")),
-            )  # fmt: skip
-        except (*_REJECTED, EngineTimeoutError) as e:
-            return JSONResponse({"success": False, "message": str(e)}, status_code=400)
-        return JSONResponse({"success": True, "message": f"Succeeded to update weights (version {version})."})
-
-    @app.post("/destroy_weights_update_group")
-    async def destroy_weights_update_group(request: Request) -> JSONResponse:
-        body = await _body(request)
-        try:
-            _check_fields(body, {"group_name"}, set(), "/destroy_weights_update_group")
-            await engine.destroy_weights_update_group(body.get("group_name", "weight_update_group"))
-        except _REJECTED as e:
-            return JSONResponse({"success": False, "message": str(e)}, status_code=400)
-        return JSONResponse({"success": True, "message": "Succeeded to destroy the weight update group."})
+    add_weight_routes(app, engine)
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -381,10 +406,6 @@ def create_app(engine: HFEngine) -> FastAPI:
             "weight_version": str(engine.weight_version),
             **{k: v for k, v in info.items() if k not in ("model_path", "weight_version")},
         }
-
-    @app.get("/get_weight_version")
-    async def get_weight_version() -> dict[str, str]:
-        return {"weight_version": str(engine.weight_version)}
 
     @app.get("/get_server_info")
     async def get_server_info() -> dict[str, Any]:

@@ -11,17 +11,25 @@ Routes (all JSON)::
     GET    /sessions/{id}/trajectories             every segment, in order
     DELETE /sessions/{id}                          close it; returns its trajectories
     GET    /v1/models, /metrics, /health
+    POST   /update_weights_from_disk               the engine's weight-update API, under SGLang's
+    POST   /init_weights_update_group              names and JSON shapes (the same handlers as
+    POST   /update_weights_from_distributed        ``agentrl serve-engine``), so a trainer can sync
+    POST   /destroy_weights_update_group           weights into this server's engine with
+    GET    /get_weight_version, /get_model_info    ``SGLangEngine(session_server_url)``
 
 The official ``openai`` SDK works unchanged with
 ``base_url=http://HOST:PORT/sessions/{id}/v1``. Errors use OpenAI's error body
 (``{"error": {"message", "type", "param", "code"}}``) with 404 for an unknown
-session, 422 for a malformed request (the field is named), 424 when the engine
-failed during the turn (nothing recorded; other sessions are unaffected). The
-server never answers 5xx.
+session, 422 for a malformed request (the field is named; ``code`` is
+``"context_length_exceeded"`` when the conversation no longer fits the context),
+424 when the engine failed during the turn (nothing recorded; other sessions are
+unaffected). The weight endpoints answer SGLang's ``{"success", "message"}``, 400
+when the update is rejected (the old weights stay). The server never answers 5xx.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -34,8 +42,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.engines.errors import EngineError, EngineRequestError, WeightUpdateError
+from agentrl.engines.server import add_weight_routes
 from agentrl.session.audit import audit_segment
 from agentrl.session.errors import (
+    ContextFullError,
     LedgerError,
     SessionEngineError,
     SessionError,
@@ -161,11 +172,13 @@ class CreateSessionRequest(_In):
     session_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+def _error(
+    status: int, message: str, kind: str, param: str | None = None, code: int | str | None = None
+) -> JSONResponse:
     return JSONResponse(
         status_code=status,
         content={
-            "error": {"message": message, "type": kind, "param": param, "code": status},
+            "error": {"message": message, "type": kind, "param": param, "code": code or status},
             "detail": message,
         },
     )
@@ -223,6 +236,8 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
     async def _on_session_error(_: Request, exc: SessionError) -> JSONResponse:
         if isinstance(exc, UnknownSessionError):
             return _error(404, str(exc), "not_found_error")
+        if isinstance(exc, ContextFullError):
+            return _error(422, str(exc), "invalid_request_error", code="context_length_exceeded")
         if isinstance(exc, (SessionRequestError, TemplateError)):
             return _error(422, str(exc), "invalid_request_error")
         if isinstance(exc, SessionEngineError):
@@ -230,6 +245,12 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
         if isinstance(exc, LedgerError):
             return _error(409, f"ledger invariant broken (a bug, please report it): {exc}", "ledger_error")
         return _error(400, str(exc), "session_error")
+
+    @app.exception_handler(EngineError)
+    async def _on_engine_error(_: Request, exc: EngineError) -> JSONResponse:
+        if isinstance(exc, (EngineRequestError, WeightUpdateError)):
+            return _error(400, str(exc), type(exc).__name__)
+        return _error(424, str(exc), type(exc).__name__)
 
     @app.exception_handler(Exception)
     async def _on_other(_: Request, exc: Exception) -> JSONResponse:  # never a 500
@@ -370,7 +391,33 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"ok": True, "sessions": manager.num_sessions, "family": manager.family.name}
+        """Liveness plus what a remote trainer checks against its own copy of the model."""
+        return {
+            "ok": True,
+            "sessions": manager.num_sessions,
+            "family": manager.family.name,
+            "model": manager.model_name,
+            "vocab_size": len(manager.tok.tokenizer),
+            "stop_token_ids": list(manager.tok.stop_token_ids),
+            "weight_version": manager.engine.weight_version,
+        }
+
+    add_weight_routes(app, manager.engine)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        """The engine's model info (SGLang's shape) plus the session server's model name and family."""
+        fn = getattr(manager.engine, "model_info", None)
+        info = fn() if fn is not None else {}
+        if inspect.isawaitable(info):
+            info = await info
+        return {
+            **dict(info),
+            "model_path": manager.model_name,
+            "is_generation": True,
+            "family": manager.family.name,
+            "weight_version": str(manager.engine.weight_version),
+        }
 
     return app
 

@@ -287,6 +287,13 @@ class TrainConfig:
             )
         if a.overlong_buffer >= r.max_new_tokens and a.overlong_buffer:
             _fail("algo", "overlong_buffer", a.overlong_buffer, f"must be < max_new_tokens={r.max_new_tokens}")
+        if r.session_url and self.run.weight_sync == "inprocess":
+            _fail(
+                "run", "weight_sync", self.run.weight_sync,
+                f"cannot reach the engine of rollout.session_url={r.session_url!r}, which runs in another "
+                "process; use --weight-sync disk (the server loads the safetensors the trainer writes: same "
+                "machine or a shared file system) or --weight-sync broadcast (torch.distributed)",
+            )
 
     @property
     def batch_size(self) -> int:

@@ -124,13 +124,6 @@ def build_runtime(cfg: TrainConfig, model_path: str | None = None) -> Runtime:
     from agentrl.models import load_model, load_tokenizer, resolve
     from agentrl.session.manager import SessionManager
 
-    if cfg.rollout.session_url:
-        from agentrl.errors import ConfigError
-
-        raise ConfigError(
-            f"rollout.session_url={cfg.rollout.session_url!r}: training through a remote session server is "
-            "not supported yet (weights could not be synced into its engine); leave it empty"
-        )
     if cfg.model.threads:
         torch.set_num_threads(cfg.model.threads)
     env_factory = make_env_factory(cfg)
@@ -138,10 +131,17 @@ def build_runtime(cfg: TrainConfig, model_path: str | None = None) -> Runtime:
     name = model_path or cfg.model.model
     path = resolve(name)
     tokenizer = load_tokenizer(path)
+    sessions: Any
+    engine: Any
+    if cfg.rollout.session_url:  # episodes and weight syncs go to the session server's engine
+        from agentrl.trainer.remote_sessions import connect_session_server
+
+        sessions, engine = connect_session_server(cfg, tokenizer, name)  # checked before the policy loads
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     policy = load_model(path).to(device=device, dtype=torch.float32)
-    engine = HFEngine(load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0)
-    sessions = SessionManager(tokenizer, engine, model_name=name)
+    if not cfg.rollout.session_url:
+        engine = HFEngine(load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0)
+        sessions = SessionManager(tokenizer, engine, model_name=name)
     rollout = RolloutManager(
         env_factory, sessions, max_new_tokens=cfg.rollout.max_new_tokens, max_turns=cfg.rollout.max_turns,
         max_infra_retries=cfg.rollout.max_infra_retries, episode_timeout_s=cfg.rollout.episode_timeout_s,

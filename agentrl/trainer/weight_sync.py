@@ -32,7 +32,7 @@ import torch
 
 from agentrl.trainer.errors import WeightSyncError
 
-__all__ = ["BroadcastSync", "DiskSync", "InProcessSync", "SyncResult", "WeightSync", "make_sync"]
+__all__ = ["BroadcastSync", "DiskSync", "InProcessSync", "SyncResult", "WeightSync", "make_sync", "save_weights_dir"]
 
 
 @dataclass
@@ -95,18 +95,10 @@ class DiskSync:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
-        from safetensors.torch import save_file
-
         t0 = time.perf_counter()
         want = self.engine.weight_version + 1
         final = self.root / f"v{want}"
-        tmp = self.root / f".v{want}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        tensors = _dedupe_tied(state_dict)
-        save_file(tensors, str(tmp / "model.safetensors"))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        tensors = save_weights_dir(state_dict, final)
         try:
             got = self.engine.update_weights_sync(path=final, version=want, timeout=self.timeout_s)
         except Exception as e:  # noqa: BLE001
@@ -209,6 +201,24 @@ def _trainer_group(host: str, port: int, world_size: int, timeout_s: float, grou
     # the same key layout as a registered group named group_name (c10d's helper nests these prefixes)
     prefixed = c10d.PrefixStore("cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store)))
     return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+
+
+def save_weights_dir(state_dict: Mapping[str, torch.Tensor], final: str | Path) -> dict[str, torch.Tensor]:
+    """Write ``final/model.safetensors`` via a temporary sibling renamed into place; returns what was written.
+
+    A reader never sees a half-written directory: ``final`` appears complete or not at all.
+    """
+    from safetensors.torch import save_file
+
+    final = Path(final)
+    tmp = final.parent / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = _dedupe_tied(state_dict)
+    save_file(tensors, str(tmp / "model.safetensors"))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return tensors
 
 
 def _dedupe_tied(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,122 @@
+"""`agentrl train --session-url`: rollouts and weight sync through a real session server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from rich.console import Console
+
+from agentrl.engines.hf import HFEngine
+from agentrl.errors import ConfigError
+from agentrl.models import load_tokenizer
+from agentrl.session.manager import SessionManager
+from agentrl.session.server import BackgroundServer, create_app
+from agentrl.trainer.config import resolve
+from agentrl.trainer.loop import build_runtime, train
+from agentrl.trainer.metrics import read_jsonl
+from agentrl.types import Message, SamplingParams
+
+SMALL = {
+    "model": "tiny", "env": "countdown", "group_size": 2, "tasks_per_step": 2, "max_new_tokens": 6,
+    "eval_episodes": 4, "sft_steps": 3, "sft_batch_size": 4, "eval_every": 0, "progress": False,
+    "tensorboard": False,
+}  # fmt: skip
+PROBE = [Message(role="user", content="Reach 7 with 3 and 4.")]
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, SessionManager]]:
+    engine = HFEngine("tiny", device="cpu", seed=0, prefix_cache_bytes=0)
+    manager = SessionManager(load_tokenizer("tiny"), engine, model_name="tiny")
+    with BackgroundServer(create_app(manager)) as srv:
+        yield srv.url, manager
+    engine.close()
+
+
+def _quiet() -> Console:
+    return Console(file=open("/dev/null", "w"))  # noqa: SIM115
+
+
+def _served_greedy(url: str) -> tuple[str | None, list[float]]:
+    """A greedy turn through the server's HTTP API: the reply and its per-token logprobs."""
+    sid = httpx.post(f"{url}/sessions", timeout=10).json()["id"]
+    body = {"messages": [m.model_dump(exclude_none=True) for m in PROBE], "max_tokens": GREEDY.max_new_tokens,
+            "temperature": 0.0, "logprobs": True}  # fmt: skip
+    r = httpx.post(f"{url}/sessions/{sid}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    httpx.delete(f"{url}/sessions/{sid}", timeout=10)
+    choice = r.json()["choices"][0]
+    return choice["message"]["content"], [t["logprob"] for t in choice["logprobs"]["content"]]
+
+
+async def _local_greedy(sessions: SessionManager) -> tuple[str | None, list[float]]:
+    sid = sessions.create()
+    res = await sessions.chat_completion(sid, PROBE, None, GREEDY)
+    sessions.close(sid)
+    return res.message.content, res.logprobs
+
+
+def test_train_through_a_session_server_with_disk_sync(server: tuple[str, SessionManager], tmp_path) -> None:
+    url, manager = server
+    served_before = _served_greedy(url)
+    before = httpx.get(f"{url}/metrics", timeout=10).json()
+    cfg = resolve(**SMALL, steps=2, session_url=url, weight_sync="disk", run_dir=str(tmp_path / "run"))
+    summary = train(cfg, console=_quiet())
+    after = httpx.get(f"{url}/metrics", timeout=10).json()
+
+    # the warm start set version 0; each RL step's sync advanced the server's engine by one
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["sync/version"] for r in rows] == [1.0, 2.0]
+    assert manager.engine.weight_version == 2
+    assert (tmp_path / "run" / "weights" / "v2" / "model.safetensors").exists()
+
+    # every episode of the run was a session on the server: 2 evals + the steps' groups
+    trained = sum(r["rollout/episodes_ok"] + r["rollout/episodes_model_error"] for r in rows)
+    assert sum(r["rollout/infra_retries"] for r in rows) == 0
+    created = after["tito/sessions_created"] - before.get("tito/sessions_created", 0.0)
+    assert created == trained + 2 * SMALL["eval_episodes"]
+    assert after["tito/sessions_open"] == 0
+    assert after["tito/divergences"] == before["tito/divergences"]  # histories round-tripped exactly
+
+    # the server's engine now holds the trainer's final weights: greedy turns match a local engine
+    # loaded from the saved final model, token for token, and differ from the initial model's
+    served_after = _served_greedy(url)
+    with HFEngine(summary.final_model, device="cpu", prefix_cache_bytes=0) as final:
+        local = asyncio.run(_local_greedy(SessionManager(load_tokenizer("tiny"), final, model_name="tiny")))
+    assert served_after[0] == local[0]
+    assert served_after[1] == pytest.approx(local[1], abs=1e-4)
+    assert served_after[1] != pytest.approx(served_before[1], abs=1e-4)
+    assert summary.eval_start is not None and summary.eval_end is not None
+
+
+def test_inprocess_sync_with_a_session_url_is_a_config_error(capsys, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"run.weight_sync='inprocess'.*rollout.session_url='http://h:1'"):
+        resolve(**SMALL, session_url="http://h:1")
+    from agentrl.cli import main
+
+    rc = main(["train", "--session-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "--weight-sync disk" in err and "broadcast" in err and "Traceback" not in err
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_unreachable_session_url_fails_fast_naming_it() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket closes
+    url = f"http://127.0.0.1:{port}"
+    cfg = resolve(**SMALL, session_url=url, weight_sync="disk")
+    with pytest.raises(ConfigError, match=rf"rollout.session_url='{url}'.*cannot reach the session server at {url}"):
+        build_runtime(cfg)
+
+
+def test_a_server_with_another_model_is_a_config_error_naming_both(server: tuple[str, SessionManager]) -> None:
+    url, _ = server
+    cfg = resolve(**{**SMALL, "model": "tiny-llama3"}, session_url=url, weight_sync="disk")
+    with pytest.raises(ConfigError, match=r"serves model 'tiny'.*model.model='tiny-llama3'"):
+        build_runtime(cfg)
