@@ -302,6 +302,15 @@ class RemoteSessionEngine(SGLangEngine):
         super().__init__(base_url, **kwargs)
         self.staging_dir = Path(staging_dir) if staging_dir else None
         self._sessions = sessions
+        self._joined: set[str] = set()  # weight groups the server joined for this trainer
+
+    async def init_weights_update_group(self, *args: Any, **kwargs: Any) -> None:
+        await super().init_weights_update_group(*args, **kwargs)
+        self._joined.add(str(kwargs.get("group_name", args[4] if len(args) > 4 else "weight_update_group")))
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        self._joined.discard(group_name)
+        await super().destroy_weights_update_group(group_name)
 
     def update_weights_sync(
         self,
@@ -325,7 +334,16 @@ class RemoteSessionEngine(SGLangEngine):
             shutil.rmtree(staged, ignore_errors=True)  # the server has loaded it (or rejected it)
 
     def close(self) -> None:
-        """Close this side's connections (the engine itself lives on in the session server)."""
+        """Leave the weight groups still joined and close this side's connections.
+
+        The engine itself lives on in the session server, ready for the next run (which could
+        not join a group of the same name while this run's is still registered there).
+        """
+        for name in sorted(self._joined):
+            try:
+                asyncio.run(self.destroy_weights_update_group(name))
+            except Exception:  # noqa: BLE001 - best effort at shutdown; the server may be gone
+                self._joined.discard(name)
         if self._sessions is not None:
             self._sessions.shutdown()
 

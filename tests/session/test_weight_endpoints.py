@@ -134,10 +134,18 @@ def test_bad_weight_requests_get_400_and_change_nothing(
     assert len(_greedy_logprobs(url)) > 0  # still serving
 
 
-def test_bad_json_and_a_rejected_disk_update_raise_in_the_client(served: tuple[str, HFEngine]) -> None:
-    url, _ = served
+def test_bad_json_and_a_rejected_disk_update_raise_in_the_client(
+    served: tuple[str, HFEngine], tmp_path: Path
+) -> None:
+    url, engine = served
     r = httpx.post(f"{url}/update_weights_from_disk", content=b"{not json", timeout=10)
     assert r.status_code == 400 and "not valid JSON" in r.json()["message"]
     client = SGLangEngine(url, timeout_s=30, weight_version=_version(url))
     with pytest.raises(WeightUpdateError, match="rejected the update"):
         client.update_weights_sync(path="/nonexistent/weights")
+    wrong = {k: torch.zeros(3, 3) for k in list(engine.model.state_dict())[:2]}
+    save_weights_dir(wrong, tmp_path / "wrong")
+    v = _version(url)
+    with pytest.raises(WeightUpdateError, match="shape"):
+        client.update_weights_sync(path=tmp_path / "wrong")
+    assert _version(url) == v

@@ -54,18 +54,23 @@ def _served_greedy(url: str) -> tuple[str | None, list[float]]:
     return choice["message"]["content"], [t["logprob"] for t in choice["logprobs"]["content"]]
 
 
-async def _local_greedy(sessions: SessionManager) -> tuple[str | None, list[float]]:
-    sid = sessions.create()
-    res = await sessions.chat_completion(sid, PROBE, None, GREEDY)
-    sessions.close(sid)
-    return res.message.content, res.logprobs
+def _local_greedy(model: str) -> tuple[str | None, list[float]]:
+    """The same greedy turn on a local engine loaded from ``model``."""
+
+    async def turn(sessions: SessionManager) -> tuple[str | None, list[float]]:
+        sid = sessions.create()
+        res = await sessions.chat_completion(sid, PROBE, None, GREEDY)
+        return res.message.content, res.logprobs
+
+    with HFEngine(model, device="cpu", prefix_cache_bytes=0) as engine:
+        return asyncio.run(turn(SessionManager(load_tokenizer("tiny"), engine, model_name="tiny")))
 
 
-def test_train_through_a_session_server_with_disk_sync(server: tuple[str, SessionManager], tmp_path) -> None:
+@pytest.mark.parametrize("sync", ["disk", "broadcast"])
+def test_train_through_a_session_server(sync: str, server: tuple[str, SessionManager], tmp_path) -> None:
     url, manager = server
-    served_before = _served_greedy(url)
     before = httpx.get(f"{url}/metrics", timeout=10).json()
-    cfg = resolve(**SMALL, steps=2, session_url=url, weight_sync="disk", run_dir=str(tmp_path / "run"))
+    cfg = resolve(**SMALL, steps=2, session_url=url, weight_sync=sync, run_dir=str(tmp_path / "run"))
     summary = train(cfg, console=_quiet())
     after = httpx.get(f"{url}/metrics", timeout=10).json()
 
@@ -73,7 +78,11 @@ def test_train_through_a_session_server_with_disk_sync(server: tuple[str, Sessio
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["sync/version"] for r in rows] == [1.0, 2.0]
     assert manager.engine.weight_version == 2
-    assert (tmp_path / "run" / "weights" / "v2" / "model.safetensors").exists()
+    if sync == "disk":
+        assert (tmp_path / "run" / "weights" / "v2" / "model.safetensors").exists()
+    else:  # the run left its broadcast group, so the next run can join one of the same name
+        r = httpx.post(f"{url}/destroy_weights_update_group", json={"group_name": "agentrl_weight_sync"}, timeout=10)
+        assert r.status_code == 400 and "no weight update group" in r.json()["message"]
 
     # every episode of the run was a session on the server: 2 evals + the steps' groups
     trained = sum(r["rollout/episodes_ok"] + r["rollout/episodes_model_error"] for r in rows)
@@ -85,12 +94,11 @@ def test_train_through_a_session_server_with_disk_sync(server: tuple[str, Sessio
 
     # the server's engine now holds the trainer's final weights: greedy turns match a local engine
     # loaded from the saved final model, token for token, and differ from the initial model's
-    served_after = _served_greedy(url)
-    with HFEngine(summary.final_model, device="cpu", prefix_cache_bytes=0) as final:
-        local = asyncio.run(_local_greedy(SessionManager(load_tokenizer("tiny"), final, model_name="tiny")))
-    assert served_after[0] == local[0]
-    assert served_after[1] == pytest.approx(local[1], abs=1e-4)
-    assert served_after[1] != pytest.approx(served_before[1], abs=1e-4)
+    served = _served_greedy(url)
+    final, initial = _local_greedy(summary.final_model), _local_greedy("tiny")
+    assert served[0] == final[0]
+    assert served[1] == pytest.approx(final[1], abs=1e-4)
+    assert served[1] != pytest.approx(initial[1], abs=1e-4)
     assert summary.eval_start is not None and summary.eval_end is not None
 
 
@@ -120,3 +128,31 @@ def test_a_server_with_another_model_is_a_config_error_naming_both(server: tuple
     cfg = resolve(**{**SMALL, "model": "tiny-llama3"}, session_url=url, weight_sync="disk")
     with pytest.raises(ConfigError, match=r"serves model 'tiny'.*model.model='tiny-llama3'"):
         build_runtime(cfg)
+
+
+def test_remote_sessions_raise_the_session_errors_the_rollout_classifies(
+    server: tuple[str, SessionManager],
+) -> None:
+    from agentrl.engines.errors import ContextLengthError
+    from agentrl.session.errors import SessionRequestError, UnknownSessionError
+    from agentrl.trainer.remote_sessions import RemoteSessions
+
+    url, _ = server
+    sessions = RemoteSessions(url, timeout_s=60)
+    try:
+        sid = sessions.create()
+        assert sid in sessions
+        too_long = SamplingParams(temperature=0.0, max_new_tokens=1 << 20)
+        with pytest.raises(ContextLengthError, match="answered 422"):  # a model error: the episode keeps its reward
+            asyncio.run(sessions.chat_completion(sid, PROBE, None, too_long))
+        with pytest.raises(SessionRequestError, match="stop_token_ids"):
+            asyncio.run(sessions.chat_completion(sid, PROBE, None, SamplingParams(stop_token_ids=[1])))
+        res = asyncio.run(sessions.chat_completion(sid, PROBE, None, GREEDY))
+        assert 0 < res.completion_tokens <= GREEDY.max_new_tokens and res.message.role == "assistant"
+        (traj,) = sessions.close(sid)
+        assert sid not in sessions and sum(traj.loss_mask) == res.completion_tokens
+        with pytest.raises(UnknownSessionError, match="answered 404"):  # an infrastructure error
+            sessions.trajectories(sid)
+        assert sessions.tokenize(PROBE) == SessionManager(load_tokenizer("tiny"), None).tokenize(PROBE)  # type: ignore[arg-type]
+    finally:
+        sessions.shutdown()
