@@ -14,7 +14,8 @@ SGLang server alike. Endpoints:
   plus the agentrl extension ``output_token_weight_versions`` (one per output token).
 - ``POST /update_weights_from_disk``, ``/init_weights_update_group``,
   ``/update_weights_from_distributed``, ``/destroy_weights_update_group``:
-  ``{"success", "message"}`` (400 with ``success: false`` when rejected).
+  ``{"success", "message"}`` (400 with ``success: false`` when rejected). These routes come from
+  :func:`add_weight_routes`, which the session server mounts over its own engine too.
 - ``GET|POST /flush_cache``, ``POST /abort_request``, ``GET /health``, ``GET /health_generate``,
   ``GET /get_model_info``, ``GET /get_weight_version``, ``GET /get_server_info``.
 
