@@ -57,8 +57,11 @@ class TrainBackend(Protocol):
     def load(self, path: str | Path) -> dict[str, Any]: ...
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the ``torchrun`` process group if launched by it; returns ``(rank, world_size)``."""
+def init_distributed(timeout_s: float | None = None) -> tuple[int, int]:
+    """Join the ``torchrun`` process group if launched by it; returns ``(rank, world_size)``.
+
+    ``timeout_s`` bounds every collective of the group (default :data:`COLLECTIVE_TIMEOUT`).
+    """
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -68,7 +71,8 @@ def init_distributed() -> tuple[int, int]:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     try:
-        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+        timeout = COLLECTIVE_TIMEOUT if timeout_s is None else timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, timeout=timeout)
     except Exception as e:  # noqa: BLE001 - a rendezvous failure names the peer address
         raise BackendError(
             f"could not join the {backend} process group of {world} ranks at "
@@ -140,17 +144,12 @@ class FSDP2Backend:
         if self.ref_model is not None:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if self.value_head is not None:
-            params += list(self.value_head.parameters())
-        if optimizer_factory is None:
-            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-                params, lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.99)
-            )
-        else:
-            self.optimizer = optimizer_factory(params)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
-        self.updates = 0
+        self.optimizer: torch.optim.Optimizer
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler
+        self.reset_optimizer(optim)
+        if optimizer_factory is not None:
+            self.optimizer = optimizer_factory([p for p in self._params() if p.requires_grad])
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
 
     # ------------------------------------------------------------ setup
 
@@ -245,15 +244,19 @@ class FSDP2Backend:
         """Epochs x mini-batches of optimizer updates on this rank's share of the batch."""
         a = self.algo
         n = len(batch)
-        if n % a.num_minibatches:
-            raise BackendError(f"batch of {n} rows does not split into num_minibatches={a.num_minibatches}")
+        if n < a.num_minibatches:
+            raise BackendError(
+                f"this rank's batch of {n} rows cannot make num_minibatches={a.num_minibatches} non-empty "
+                "mini-batches; lower --num-minibatches or raise tasks_per_step * group_size"
+            )
         sums: dict[str, float] = {}
         count = 0
+        # near-equal mini-batches: dynamic sampling and multi-segment episodes make n arbitrary,
+        # and every rank makes the same number of updates whatever its share of rows
+        chunks = torch.arange(n).tensor_split(a.num_minibatches)
         for _ in range(a.epochs):
-            perm = torch.arange(n)
-            size = n // a.num_minibatches
-            for k in range(a.num_minibatches):
-                stats = self._update(batch.select(perm[k * size : (k + 1) * size]))
+            for chunk in chunks:
+                stats = self._update(batch.select(chunk))
                 for key, v in stats.items():
                     sums[key] = sums.get(key, 0.0) + v
                 count += 1
@@ -360,14 +363,28 @@ class FSDP2Backend:
 
     # ------------------------------------------------------------ weights and checkpoints
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) policy weights with HF names, on CPU when sharded; the engine loads these."""
+    def state_dict(self, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+        """Full (unsharded) policy weights with HF names; the engine loads these.
+
+        When sharded this is a collective: every rank must call it. By default only rank 0
+        receives the weights (on CPU) and the others get ``{}``; ``all_ranks=True`` gives every
+        rank the full weights on its own device (each rank feeding its own in-process engine).
+        """
         if not self.sharded:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
+        full = get_model_state_dict(self.model, options=opts)
         return {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
+
+    def reset_optimizer(self, optim: OptimConfig) -> None:
+        """A fresh AdamW (and warm-up schedule) over the same parameters, e.g. after the warm start."""
+        self.optim_cfg = optim
+        params = [p for p in self._params() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.99))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
+        self.updates = 0
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
         """An HF directory (``config.json`` + ``model.safetensors``) plus ``trainer_state.pt``."""

@@ -50,7 +50,7 @@ AdvantageKind = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
 PolicyLossKind = Literal["ppo", "gspo", "cispo"]
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k2", "k3"]
-SyncKind = Literal["inprocess", "disk", "broadcast"]
+SyncKind = Literal["auto", "inprocess", "disk", "broadcast"]
 
 
 DEMO_ENV_KWARGS: dict[str, dict[str, Any]] = {
@@ -247,8 +247,8 @@ class RunConfig:
     """save a resumable checkpoint every N steps (0: only at the end)"""
     resume: str = ""
     """resume from this checkpoint directory (a run_dir/checkpoints/step-N)"""
-    weight_sync: SyncKind = "inprocess"
-    """inprocess (copy tensors), disk (safetensors + reload) or broadcast (torch.distributed)"""
+    weight_sync: SyncKind = "auto"
+    """inprocess (copy tensors), disk (safetensors + reload), broadcast (torch.distributed); auto = disk with session_url, else inprocess"""
     tensorboard: bool = True
     """also write TensorBoard event files"""
     wandb: bool = False
@@ -287,6 +287,9 @@ class TrainConfig:
             )
         if a.overlong_buffer >= r.max_new_tokens and a.overlong_buffer:
             _fail("algo", "overlong_buffer", a.overlong_buffer, f"must be < max_new_tokens={r.max_new_tokens}")
+        if self.run.weight_sync == "auto":
+            object.__setattr__(self, "run", dataclasses.replace(
+                self.run, weight_sync="disk" if r.session_url else "inprocess"))
         if r.session_url and self.run.weight_sync == "inprocess":
             _fail(
                 "run", "weight_sync", self.run.weight_sync,

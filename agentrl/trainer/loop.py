@@ -33,14 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from agentrl.trainer import advantages as A
 from agentrl.trainer import losses as L
-from agentrl.trainer.backend import FSDP2Backend
+from agentrl.trainer.backend import FSDP2Backend, init_distributed
 from agentrl.trainer.batch import from_trajectories
 from agentrl.trainer.config import TrainConfig, to_toml
+from agentrl.trainer.distributed import Ranks
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
-from agentrl.trainer.rollout import RolloutManager
+from agentrl.trainer.rollout import RolloutManager, RolloutResult, merge_results
 from agentrl.trainer.sft import SFT_SEED_OFFSET, oracle_examples, sft_batches
 from agentrl.trainer.weight_sync import make_sync
 
@@ -71,6 +73,7 @@ class Runtime:
     env_factory: Any
     rollout: RolloutManager
     pad_id: int
+    ranks: Ranks = field(default_factory=Ranks)
 
     def close(self) -> None:
         self.engine.close()
@@ -118,14 +121,20 @@ def make_env_factory(cfg: TrainConfig) -> Any:
     return factory
 
 
-def build_runtime(cfg: TrainConfig, model_path: str | None = None) -> Runtime:
-    """Load the policy (trainer copy + engine copy), tokenizer, session manager and env."""
+def build_runtime(cfg: TrainConfig, model_path: str | None = None, ranks: Ranks | None = None) -> Runtime:
+    """Load the policy (trainer copy + engine copy), tokenizer, session manager and env.
+
+    Under ``torchrun`` every rank builds its own runtime (its own engine); on CPU the
+    ``threads`` budget is split between the ranks of one machine.
+    """
+    ranks = ranks or Ranks()
     from agentrl.engines.hf import HFEngine
     from agentrl.models import load_model, load_tokenizer, resolve
     from agentrl.session.manager import SessionManager
 
     if cfg.model.threads:
-        torch.set_num_threads(cfg.model.threads)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if ranks.world > 1 else 1
+        torch.set_num_threads(max(1, cfg.model.threads // local_world))
     env_factory = make_env_factory(cfg)
     device = _device(cfg)
     name = model_path or cfg.model.model
@@ -147,23 +156,30 @@ def build_runtime(cfg: TrainConfig, model_path: str | None = None) -> Runtime:
         max_infra_retries=cfg.rollout.max_infra_retries, episode_timeout_s=cfg.rollout.episode_timeout_s,
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return Runtime(cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, int(pad))
+    return Runtime(cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, int(pad), ranks)
 
 
 def evaluate(rt: Runtime, episodes: int | None = None) -> dict[str, float]:
-    """Greedy episodes on the held-out seeds ``eval_seed_offset + i``; mean reward and accuracy."""
+    """Greedy episodes on the held-out seeds ``eval_seed_offset + i``; mean reward and accuracy.
+
+    Under ``torchrun`` each rank plays its share of the seeds and the sums are reduced,
+    so every rank returns the same numbers.
+    """
     r = rt.cfg.rollout
     n = episodes or r.eval_episodes
-    seeds = [r.eval_seed_offset + i for i in range(n)]
-    res = rt.rollout.run(seeds, 1, 0.0, salt=-1)
+    seeds = rt.ranks.shard([r.eval_seed_offset + i for i in range(n)])
+    res = rt.rollout.run(seeds, 1, 0.0, salt=-1, allow_empty=True)
     eps = res.episodes
     hi = _reward_max(rt)
+    reward, solved, played, tokens = rt.ranks.all_sum([
+        sum(e.reward for e in eps), sum(e.reward >= hi for e in eps), len(eps), sum(e.completion_tokens for e in eps),
+    ])
     return {
-        "eval/reward": sum(e.reward for e in eps) / max(len(eps), 1),
-        "eval/solved": sum(e.reward >= hi for e in eps) / max(len(eps), 1),
-        "eval/episodes": float(len(eps)),
-        "eval/dropped": float(n - len(eps)),
-        "eval/completion_tokens": res.metrics["rollout/completion_tokens"],
+        "eval/reward": reward / max(played, 1),
+        "eval/solved": solved / max(played, 1),
+        "eval/episodes": played,
+        "eval/dropped": n - played,
+        "eval/completion_tokens": tokens / max(played, 1),
     }
 
 
@@ -177,27 +193,35 @@ def _reward_max(rt: Runtime) -> float:
             close()
 
 
-def run_sft(rt: Runtime, log: MetricsLogger | None = None, progress: Any = None) -> dict[str, float]:
-    """The supervised warm start on oracle episodes; returns its last metrics."""
+def run_sft(
+    rt: Runtime, log: MetricsLogger | None = None, progress: Any = None, backend: FSDP2Backend | None = None
+) -> dict[str, float]:
+    """The supervised warm start on oracle episodes; returns its last metrics.
+
+    With ``backend`` (the RL backend, possibly sharded) the warm start trains through it with
+    its own optimizer, and the caller resets the optimizer for RL afterwards.
+    """
     c = rt.cfg
     t0 = time.perf_counter()
     n_examples = max(c.run.sft_batch_size * c.run.sft_steps // 2, c.run.sft_batch_size)
     examples = oracle_examples(rt.env_factory, rt.sessions, n_examples, SFT_SEED_OFFSET)
     optim = dataclasses.replace(c.optim, lr=c.run.sft_lr, warmup_steps=max(1, c.run.sft_steps // 10))
-    be = FSDP2Backend(rt.policy, c.algo, optim, device=rt.device)
+    be = backend or FSDP2Backend(rt.policy, c.algo, optim, device=rt.device)
+    be.reset_optimizer(optim)
     sched = torch.optim.lr_scheduler.LambdaLR(
         be.optimizer, lambda s: min(1.0, (s + 1) / optim.warmup_steps) * max(0.05, 1 - s / max(1, c.run.sft_steps))
     )
     be.scheduler = sched
     stats: dict[str, float] = {}
     task = progress.add_task("warm start (SFT)", total=c.run.sft_steps, info="") if progress else None
+    rows = rt.ranks.shard(range(c.run.sft_batch_size))  # every rank draws the same batch and trains its rows
     for i, batch in enumerate(sft_batches(examples, c.run.sft_batch_size, c.run.sft_steps, rt.pad_id, c.run.seed)):
-        stats = be.sft_step(batch)
+        stats = be.sft_step(batch.select(rows) if rt.ranks.world > 1 else batch)
         if log is not None and (i % 10 == 0 or i == c.run.sft_steps - 1):
             log.log("sft", i, {f"sft/{k}": v for k, v in stats.items()})
         if progress is not None:
             progress.update(task, advance=1, info=f"loss {stats['loss']:.3f}  tok-acc {stats.get('token_acc', 0):.2f}")
-    rt.engine.update_weights_sync(state_dict=be.state_dict(), version=0, timeout=300)
+    rt.engine.update_weights_sync(state_dict=be.state_dict(all_ranks=True), version=0, timeout=300)
     stats["seconds"] = time.perf_counter() - t0
     stats["examples"] = float(len(examples))
     return stats
@@ -237,10 +261,13 @@ def _advantages(cfg: TrainConfig, groups: list[list[Any]], be: FSDP2Backend) -> 
 
 
 def _train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[list[Any]]) -> dict[str, float]:
+    """Advantages over the whole step's batch (the same on every rank), then this rank's rows."""
     trajs, adv, info = _advantages(cfg, groups, be)
-    if not trajs:
-        return {**info, "train/skipped": 1.0}
-    a = cfg.algo
+    a, ranks = cfg.algo, rt.ranks
+    if len(trajs) < ranks.world * a.num_minibatches:
+        # every rank sees the same trajs, so all of them skip together
+        return {**info, "train/skipped": 1.0, "train/samples": float(len(trajs))}
+    mine = ranks.shard(range(len(trajs)))
     if a.advantage_kind == "gae":
         batch = from_trajectories(trajs, [0.0] * len(trajs), pad_id=rt.pad_id)
         # the (shaped) episode reward sits on the last sampled token
@@ -253,8 +280,10 @@ def _train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[li
         std = (((gae_adv - mean) ** 2 * m).sum() / m.sum()).sqrt()
         batch.advantages = (gae_adv - mean) / (std + 1e-6) * m
         batch.returns = returns
+        if ranks.world > 1:
+            batch = batch.select(mine)
     else:
-        batch = from_trajectories(trajs, adv.tolist(), pad_id=rt.pad_id)
+        batch = from_trajectories([trajs[i] for i in mine], [float(adv[i]) for i in mine], pad_id=rt.pad_id)
     if a.kl_coef > 0:
         batch.ref_logp = be.ref_logprobs(batch)
     stats = be.train_step(batch)
@@ -262,7 +291,7 @@ def _train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[li
     out = {f"train/{k}": v for k, v in stats.items()}
     out.update(info)
     out["train/samples"] = float(len(trajs))
-    out["train/tokens"] = float(batch.loss_mask.sum())
+    out["train/tokens"] = ranks.all_sum([float(batch.loss_mask.sum())])[0]
     if versions:
         out["train/staleness_max"] = float(be.updates - 1 - min(versions))
     return out
@@ -273,11 +302,13 @@ def _ckpt_dir(run_dir: Path, step: int) -> Path:
 
 
 def _save(rt: Runtime, be: FSDP2Backend, run_dir: Path, step: int) -> Path:
+    """A resumable checkpoint (collective when sharded; rank 0 writes)."""
     path = _ckpt_dir(run_dir, step)
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     be.save(path, extra={"step": step, "data_position": step * rt.cfg.rollout.tasks_per_step,
                          "engine_version": rt.engine.weight_version, "rng": rng, "meta": {"step": step}})
-    rt.tokenizer.save_pretrained(str(path))
+    if rt.ranks.main:
+        rt.tokenizer.save_pretrained(str(path))
     return path
 
 
@@ -288,26 +319,78 @@ def _resolve_run_dir(cfg: TrainConfig) -> Path:
     return home / "runs" / f"{cfg.rollout.env}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _check_world(cfg: TrainConfig, world: int) -> None:
+    """What data-parallel training needs of the config, checked before any model loads."""
+    if world == 1:
+        return
+    from agentrl.errors import ConfigError
+
+    r = cfg.rollout
+    if r.tasks_per_step % world:
+        raise ConfigError(f"rollout.tasks_per_step={r.tasks_per_step}: must be a multiple of the {world} ranks, "
+                          "which each roll out an equal share of the tasks")
+    if r.session_url or cfg.run.weight_sync != "inprocess":
+        raise ConfigError(f"run.weight_sync={cfg.run.weight_sync!r}, rollout.session_url={r.session_url!r}: "
+                          f"under torchrun ({world} ranks) every rank syncs its own in-process engine; "
+                          "use --weight-sync inprocess without --session-url")
+    if cfg.run.sft_steps and cfg.run.sft_batch_size < world:
+        raise ConfigError(f"run.sft_batch_size={cfg.run.sft_batch_size}: needs at least one row per rank ({world})")
+
+
+class _NoLog:
+    """The metrics sink of ranks other than 0."""
+
+    path = Path(os.devnull)
+
+    def log(self, kind: str, step: int, values: dict[str, float]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _rollout_step(rt: Runtime, seeds: list[int], salt: int) -> RolloutResult:
+    """This rank's share of the step's tasks, then every rank's groups (the whole step) on every rank."""
+    r, ranks = rt.cfg.rollout, rt.ranks
+    if ranks.world == 1:
+        return rt.rollout.run(seeds, r.group_size, r.temperature, salt=salt)
+    share = rt.rollout.run(ranks.shard(seeds), r.group_size, r.temperature, salt=salt, allow_empty=True)
+    return merge_results(ranks.gather(share), seeds)
+
+
 def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
-    """Run `agentrl train` with a resolved config; see the module docstring."""
+    """Run `agentrl train` with a resolved config; see the module docstring.
+
+    Under ``torchrun`` (``WORLD_SIZE > 1``) the ranks train data-parallel (see
+    :mod:`agentrl.trainer.distributed`); rank 0 prints, logs and writes the run directory.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     t_start = time.perf_counter()
-    console = console or Console()
-    run_dir = _resolve_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(to_toml(cfg))
-    console.print(f"[bold]agentrl train[/bold] → {run_dir}")
+    r = cfg.rollout
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    _check_world(cfg, world_env)
+    timeout_s = max(300.0, r.episode_timeout_s * (r.max_infra_retries + 1) + 60)  # a rank may wait out a rollout
+    rank, world = init_distributed(timeout_s=timeout_s)
+    ranks = Ranks(rank, world)
+    console = console or Console(quiet=not ranks.main)
+    run_dir = Path(ranks.broadcast(str(_resolve_run_dir(cfg))))
+    if ranks.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(to_toml(cfg))
+    console.print(f"[bold]agentrl train[/bold] → {run_dir}" + (f"  ({world} ranks)" if world > 1 else ""))
     console.print(to_toml(cfg), markup=False, highlight=False)
     seed_everything(cfg.run.seed)
-    rt = build_runtime(cfg)
-    log = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=dataclasses.asdict(cfg))
+    rt = build_runtime(cfg, ranks=ranks)
+    log: Any = (MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                              config=dataclasses.asdict(cfg)) if ranks.main else _NoLog())
     summary = RunSummary(str(run_dir))
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"), console=console, disable=not cfg.run.progress,
+        TextColumn("{task.fields[info]}"), console=console, disable=not (cfg.run.progress and ranks.main),
     )
+    sync: Any = None
     try:
         with progress:
             start_step = 0
@@ -320,24 +403,22 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 start_step = int(extra["step"])
                 random.setstate(extra["rng"]["python"])
                 torch.set_rng_state(extra["rng"]["torch"])
-                rt.engine.update_weights_sync(state_dict=be.state_dict(), version=int(extra["engine_version"]), timeout=300)
+                rt.engine.update_weights_sync(state_dict=be.state_dict(all_ranks=True),
+                                              version=int(extra["engine_version"]), timeout=300)
                 console.print(f"resumed from {cfg.run.resume} at step {start_step}")
             elif cfg.run.sft_steps:
-                sft = run_sft(rt, log, progress)
+                sft = run_sft(rt, log, progress, backend=be)
+                be.reset_optimizer(cfg.optim)  # the RL optimizer starts fresh after the warm start
                 console.print(f"warm start: {cfg.run.sft_steps} SFT steps on {int(sft['examples'])} oracle episodes, "
                               f"final loss {sft['loss']:.3f}, {sft['seconds']:.1f} s")
             if cfg.algo.kl_coef > 0:
                 from agentrl.models import load_model, resolve
 
                 ref = load_model(resolve(cfg.model.model)).float()
-                ref.load_state_dict(be.state_dict())
+                ref.load_state_dict(be.state_dict(all_ranks=True))
                 be.ref_model = ref.to(rt.device).eval()
-            # the RL optimizer starts fresh after the warm start
-            if not cfg.run.resume and cfg.run.sft_steps:
-                be = FSDP2Backend(
-                    rt.policy, cfg.algo, cfg.optim, device=rt.device, value_head=cfg.algo.algo == "ppo",
-                    ref_model=be.ref_model,
-                )
+                for p in be.ref_model.parameters():
+                    p.requires_grad_(False)
             sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir)
             if start_step == 0:
                 ev = evaluate(rt)
@@ -349,21 +430,21 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
             last_eval = None
             for step in range(start_step, cfg.run.steps):
                 t0 = time.perf_counter()
-                seeds = [step * cfg.rollout.tasks_per_step + i for i in range(cfg.rollout.tasks_per_step)]
-                res = rt.rollout.run(seeds, cfg.rollout.group_size, cfg.rollout.temperature, salt=step)
+                seeds = [step * r.tasks_per_step + i for i in range(r.tasks_per_step)]
+                res = _rollout_step(rt, seeds, salt=step)
                 t1 = time.perf_counter()
                 stats = _train_step(cfg, rt, be, res.groups)
                 t2 = time.perf_counter()
                 if stats.get("train/skipped"):
                     sres = None
                 else:
-                    sres = sync.push(be.state_dict())
+                    sres = sync.push(be.state_dict(all_ranks=True))
                 t3 = time.perf_counter()
                 row = {**res.metrics, **stats, "time/rollout": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2,
                        "time/step": t3 - t0, "sync/version": float(rt.engine.weight_version),
                        "sync/bytes": float(sres.bytes if sres else 0)}
                 done = step + 1
-                if cfg.rollout.eval_every and done % cfg.rollout.eval_every == 0 and done < cfg.run.steps:
+                if r.eval_every and done % r.eval_every == 0 and done < cfg.run.steps:
                     last_eval = evaluate(rt)
                     log.log("eval", done, last_eval)
                 log.log("train", done, row)
@@ -381,14 +462,19 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
         final = _save(rt, be, run_dir, cfg.run.steps)
         summary.final_model = str(final)
         log.close()
-        png = plot(log.path, run_dir / "reward.png")
         summary.seconds = time.perf_counter() - t_start
-        console.print(summary_table(log.path))
-        if summary.eval_start is not None:
-            console.print(f"eval reward on {cfg.rollout.eval_episodes} held-out seeds: "
-                          f"start of RL {summary.eval_start:.3f} → end of RL {summary.eval_end:.3f}")
-        console.print(f"model: {final}\nplot: {png}\nwall time: {summary.seconds:.1f} s")
-        (run_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary) | {"history": []}, indent=1))
+        if ranks.main:
+            png = plot(log.path, run_dir / "reward.png")
+            console.print(summary_table(log.path))
+            if summary.eval_start is not None:
+                console.print(f"eval reward on {r.eval_episodes} held-out seeds: "
+                              f"start of RL {summary.eval_start:.3f} → end of RL {summary.eval_end:.3f}")
+            console.print(f"model: {final}\nplot: {png}\nwall time: {summary.seconds:.1f} s")
+            (run_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary) | {"history": []}, indent=1))
         return summary
     finally:
+        if sync is not None:
+            sync.close()
         rt.close()
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()

@@ -38,7 +38,7 @@ from typing import Any
 from agentrl.trainer.errors import RolloutError
 from agentrl.types import Message, SamplingParams, Trajectory
 
-__all__ = ["Episode", "RolloutManager", "RolloutResult", "episode_seed"]
+__all__ = ["Episode", "RolloutManager", "RolloutResult", "episode_seed", "merge_results"]
 
 
 def episode_seed(*parts: int | str) -> int:
@@ -67,6 +67,8 @@ class RolloutResult:
     groups: list[list[Episode]]
     """complete groups only, in task order"""
     metrics: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    """the first infrastructure error of a dropped group, if any"""
 
     @property
     def episodes(self) -> list[Episode]:
@@ -156,8 +158,11 @@ class RolloutManager:
     # ------------------------------------------------------------ groups
 
     async def arun(
-        self, task_seeds: Sequence[int], group_size: int, temperature: float, *, salt: int = 0
+        self, task_seeds: Sequence[int], group_size: int, temperature: float, *, salt: int = 0,
+        allow_empty: bool = False,
     ) -> RolloutResult:
+        """G episodes of every task, concurrently; raises RolloutError when no group completes
+        (unless ``allow_empty``: a rank's share of a step may fail while the others' succeed)."""
         t0 = time.perf_counter()
         jobs = [
             self.episode(seed, f"s{seed}", i, temperature, salt) for seed in task_seeds for i in range(group_size)
@@ -177,29 +182,61 @@ class RolloutManager:
                 counts["groups_dropped"] += 1
                 continue
             groups.append(group)
-        if not groups:
+        if not groups and not allow_empty:
             raise RolloutError(
                 f"all {len(task_seeds)} groups failed; first infrastructure error: {errors[0] if errors else 'none'}"
             )
         done = [e for g in groups for e in g]
+        n = max(len(done), 1)
         metrics = {
             "rollout/seconds": time.perf_counter() - t0,
-            "rollout/reward": sum(e.reward for e in done) / len(done),
-            "rollout/turns": sum(e.turns for e in done) / len(done),
-            "rollout/completion_tokens": sum(e.completion_tokens for e in done) / len(done),
-            "rollout/truncated_frac": sum(e.truncated for e in done) / len(done),
+            "rollout/reward": sum(e.reward for e in done) / n,
+            "rollout/turns": sum(e.turns for e in done) / n,
+            "rollout/completion_tokens": sum(e.completion_tokens for e in done) / n,
+            "rollout/truncated_frac": sum(e.truncated for e in done) / n,
             "rollout/groups": float(len(groups)),
             "rollout/groups_dropped": float(counts["groups_dropped"]),
             "rollout/episodes_ok": float(counts["episodes_ok"]),
             "rollout/episodes_model_error": float(counts["episodes_model_error"]),
             "rollout/episodes_infra_error": float(counts["episodes_infra_error"]),
             "rollout/infra_retries": float(counts["infra_retries"]),
-            "rollout/segments_per_episode": sum(len(e.trajectories) for e in done) / len(done),
+            "rollout/segments_per_episode": sum(len(e.trajectories) for e in done) / n,
         }
-        return RolloutResult(groups, metrics)
+        return RolloutResult(groups, metrics, errors[:1])
 
-    def run(self, task_seeds: Sequence[int], group_size: int, temperature: float, *, salt: int = 0) -> RolloutResult:
-        return asyncio.run(self.arun(task_seeds, group_size, temperature, salt=salt))
+    def run(
+        self, task_seeds: Sequence[int], group_size: int, temperature: float, *, salt: int = 0,
+        allow_empty: bool = False,
+    ) -> RolloutResult:
+        return asyncio.run(self.arun(task_seeds, group_size, temperature, salt=salt, allow_empty=allow_empty))
+
+
+_SUMMED = {"rollout/groups", "rollout/groups_dropped", "rollout/episodes_ok", "rollout/episodes_model_error",
+           "rollout/episodes_infra_error", "rollout/infra_retries"}
+
+
+def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> RolloutResult:
+    """One step's result from the shares of several ranks: groups back in task order, counts
+    summed, averages weighted by episodes, wall time the slowest share's. Raises RolloutError
+    when no group of any share completed."""
+    order = {f"s{seed}": i for i, seed in enumerate(task_seeds)}
+    groups = sorted((g for p in parts for g in p.groups), key=lambda g: order[g[0].group_id])
+    errors = [e for p in parts for e in p.errors]
+    if not groups:
+        raise RolloutError(
+            f"all {len(task_seeds)} groups failed; first infrastructure error: {errors[0] if errors else 'none'}"
+        )
+    weights = [len(p.episodes) for p in parts]
+    metrics: dict[str, float] = {}
+    for key in parts[0].metrics:
+        values = [p.metrics[key] for p in parts]
+        if key in _SUMMED:
+            metrics[key] = sum(values)
+        elif key == "rollout/seconds":
+            metrics[key] = max(values)
+        else:
+            metrics[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / max(sum(weights), 1)
+    return RolloutResult(groups, metrics, errors[:1])
 
 
 def _is_bug(e: BaseException) -> bool:

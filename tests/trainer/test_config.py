@@ -89,3 +89,9 @@ def test_countdown_demo_preset_applies_only_when_env_kwargs_is_empty():
     assert C.resolve(env_kwargs={"num_numbers": 3}).rollout.env_kwargs == {"num_numbers": 3}
     assert C.resolve(env="calculator").rollout.env_kwargs == {}
     assert C.resolve(env="countdown-v0").rollout.env_kwargs == C.DEMO_ENV_KWARGS["countdown"]
+
+
+def test_weight_sync_auto_picks_disk_for_a_remote_session_server():
+    assert C.resolve().run.weight_sync == "inprocess"
+    assert C.resolve(session_url="http://127.0.0.1:1").run.weight_sync == "disk"
+    assert C.resolve(session_url="http://127.0.0.1:1", weight_sync="broadcast").run.weight_sync == "broadcast"

@@ -104,10 +104,11 @@ def test_train_through_a_session_server(sync: str, server: tuple[str, SessionMan
 
 def test_inprocess_sync_with_a_session_url_is_a_config_error(capsys, tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"run.weight_sync='inprocess'.*rollout.session_url='http://h:1'"):
-        resolve(**SMALL, session_url="http://h:1")
+        resolve(**SMALL, session_url="http://h:1", weight_sync="inprocess")
     from agentrl.cli import main
 
-    rc = main(["train", "--session-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "r")])
+    rc = main(["train", "--session-url", "http://127.0.0.1:9", "--weight-sync", "inprocess",
+               "--run-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert rc == 1 and "--weight-sync disk" in err and "broadcast" in err and "Traceback" not in err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
