@@ -249,6 +249,23 @@ class RemoteSessions:
         out = self._call("DELETE", f"/sessions/{session_id}")
         return [Trajectory.model_validate(t) for t in out["trajectories"]]
 
+    # the same three calls without blocking the rollout's event loop (used when present)
+
+    async def acreate(self, session_id: str | None = None) -> str:
+        out = await self._acall("POST", "/sessions", {"session_id": session_id} if session_id else None)
+        sid = str(out["id"])
+        self._open.add(sid)
+        return sid
+
+    async def atrajectories(self, session_id: str) -> list[Trajectory]:
+        out = await self._acall("GET", f"/sessions/{session_id}/trajectories")
+        return [Trajectory.model_validate(t) for t in out["trajectories"]]
+
+    async def aclose(self, session_id: str) -> list[Trajectory]:
+        self._open.discard(session_id)
+        out = await self._acall("DELETE", f"/sessions/{session_id}")
+        return [Trajectory.model_validate(t) for t in out["trajectories"]]
+
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._open
 

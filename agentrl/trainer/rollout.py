@@ -94,11 +94,18 @@ class RolloutManager:
 
     # ------------------------------------------------------------ one episode
 
+    async def _sessions_call(self, name: str, *args: Any) -> Any:
+        """``sessions.a<name>`` when the session backend has it (a remote server), else ``sessions.<name>``."""
+        method = getattr(self.sessions, f"a{name}", None)
+        if method is not None:
+            return await method(*args)
+        return getattr(self.sessions, name)(*args)
+
     async def _episode_once(self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int) -> Episode:
         from agentrl.engines.errors import ContextLengthError
 
         env = self.env_factory()
-        sid = self.sessions.create()
+        sid = await self._sessions_call("create")
         reward, turns, truncated = 0.0, 0, False
         status, error = "ok", None
         completion = 0
@@ -125,10 +132,10 @@ class RolloutManager:
                 history += [reply, *obs]
                 done = bool(terminated or trunc)
                 truncated = bool(trunc) or (not done and turns >= self.max_turns)
-            trajs = self.sessions.trajectories(sid)
+            trajs = await self._sessions_call("trajectories", sid)
         finally:
             if sid in self.sessions:
-                self.sessions.close(sid)
+                await self._sessions_call("close", sid)
             close = getattr(env, "close", None)
             if close is not None:
                 await asyncio.to_thread(close)
