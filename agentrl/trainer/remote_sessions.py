@@ -137,6 +137,19 @@ class RemoteSessions:
 
     # ------------------------------------------------------------ HTTP plumbing
 
+    def _failure(self, e: httpx.HTTPError, where: str, attempt: int) -> SessionError | None:
+        """The error a failed request raises; None when it never reached the server and may be retried."""
+        if isinstance(e, _CONNECT_ERRORS):
+            if attempt < self.retries:
+                return None
+            return SessionError(
+                f"cannot reach the session server at {self.base_url} ({where}, {attempt + 1} attempts): "
+                f"{type(e).__name__}: {e}; is `agentrl serve-session` running there?"
+            )
+        if isinstance(e, httpx.TimeoutException):
+            return SessionEngineError(f"{where} exceeded its deadline of {self.timeout_s:g} s")
+        return SessionError(f"{where} failed: {type(e).__name__}: {e}")
+
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         where = f"{method} {self.base_url}{path}"
         delay = 0.2
@@ -144,16 +157,10 @@ class RemoteSessions:
             try:
                 resp = self._http.request(method, path, json=body)
                 break
-            except _CONNECT_ERRORS as e:
-                if attempt == self.retries:
-                    raise SessionError(
-                        f"cannot reach the session server at {self.base_url} ({where}, {attempt + 1} attempts): "
-                        f"{type(e).__name__}: {e}; is `agentrl serve-session` running there?"
-                    ) from e
-            except httpx.TimeoutException as e:
-                raise SessionEngineError(f"{where} exceeded its deadline of {self.timeout_s:g} s") from e
             except httpx.HTTPError as e:
-                raise SessionError(f"{where} failed: {type(e).__name__}: {e}") from e
+                err = self._failure(e, where, attempt)
+                if err is not None:
+                    raise err from e
             time.sleep(delay)
             delay *= 2
         _raise_for(resp, where)
@@ -179,16 +186,10 @@ class RemoteSessions:
             try:
                 resp = await client.request(method, path, json=body)
                 break
-            except _CONNECT_ERRORS as e:
-                if attempt == self.retries:
-                    raise SessionError(
-                        f"cannot reach the session server at {self.base_url} ({where}, {attempt + 1} attempts): "
-                        f"{type(e).__name__}: {e}"
-                    ) from e
-            except httpx.TimeoutException as e:
-                raise SessionEngineError(f"{where} exceeded its deadline of {self.timeout_s:g} s") from e
             except httpx.HTTPError as e:
-                raise SessionError(f"{where} failed: {type(e).__name__}: {e}") from e
+                err = self._failure(e, where, attempt)
+                if err is not None:
+                    raise err from e
             await asyncio.sleep(delay)
             delay *= 2
         _raise_for(resp, where)
