@@ -1,6 +1,6 @@
 """A running sandbox as the host sees it: one executor behind a byte channel, one ``run`` interface.
 
-Both backends start the same executor (``sandbox/executor.py``) inside their boundary and talk
+Both backends start the same executor (``agentrl/envs/sandbox/executor.py``) inside their boundary and talk
 to it over a pipe (bubblewrap) or an attached container stream (Docker). This module holds
 what they share: input validation, the request/response protocol, the host-side deadline that
 holds even if the executor is wedged, and :class:`Sandbox`, the object callers use.
@@ -38,18 +38,22 @@ READY_TIMEOUT_S = 30.0
 EXECUTOR_IN_SANDBOX = "/opt/agentrl/executor.py"
 
 
+EXECUTOR_SOURCE = Path(__file__).resolve().with_name("executor.py")
+"""The executor program, shipped inside the package (so wheels and editable installs both have it)."""
+
+
 def executor_source() -> bytes:
-    """The executor program's bytes: ``$AGENTRL_SANDBOX_EXECUTOR`` or ``sandbox/executor.py`` of this checkout."""
+    """The executor program's bytes: ``$AGENTRL_SANDBOX_EXECUTOR`` or the packaged ``executor.py``."""
     override = os.environ.get("AGENTRL_SANDBOX_EXECUTOR")
-    path = Path(override) if override else Path(__file__).resolve().parents[3] / "sandbox" / "executor.py"
+    path = Path(override) if override else EXECUTOR_SOURCE
     try:
         return path.read_bytes()
     except OSError as e:
         from agentrl.envs.sandbox.errors import SandboxUnavailable
 
         raise SandboxUnavailable(
-            f"sandbox executor not found at {str(path)!r} ({e.strerror}); set AGENTRL_SANDBOX_EXECUTOR "
-            "to the path of sandbox/executor.py from the agentrl source tree"
+            f"sandbox executor not found at {str(path)!r} ({e.strerror}); unset AGENTRL_SANDBOX_EXECUTOR "
+            f"to use the packaged {str(EXECUTOR_SOURCE)!r}, or reinstall agentrl if that file is missing"
         ) from None
 
 

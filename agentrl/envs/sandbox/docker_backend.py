@@ -136,7 +136,7 @@ class DockerBackend:
         have = (img.labels or {}).get("agentrl.executor")
         if have != want:
             raise SandboxUnavailable(
-                f"the sandbox image {image!r} holds executor {have!r} but sandbox/executor.py is {want!r}; "
+                f"the sandbox image {image!r} holds executor {have!r} but agentrl/envs/sandbox/executor.py is {want!r}; "
                 "rebuild it with sandbox/build-image.sh"
             )
         self.reap()

@@ -1,4 +1,7 @@
 #!/usr/bin/env python3
+# mypy: ignore-errors
+# (a standalone program for any interpreter inside the sandbox, using C-module internals of json;
+#  it never imports agentrl and is shipped in the package so that every install has it)
 """The sandbox executor: runs model-written code or a command inside the boundary and reports what happened.
 
 This program is the only agentrl code that runs *inside* a sandbox (a bubblewrap namespace or a
