@@ -11,6 +11,8 @@
         ├── EpisodeDoneError (RuntimeError)  ``step`` after the episode terminated or was truncated
         ├── InvalidActionError (ValueError)  the action is not an assistant ``Message``
         ├── ToolError                        raised inside a ``@tool`` to send an error message to the model
+        ├── EnvInfraError                    the env's own infrastructure failed (a sandbox died, a backing
+        │                                    service is down): aborts the episode, never shown to the model
         ├── EnvCheckError (AssertionError)   ``check_env`` found a violation (message names check, cause, fix)
         └── RemoteEnvError                   the env server client failed
             ├── EnvConnectionError           could not connect / connection dropped (safe to retry a create)
@@ -33,6 +35,7 @@ __all__ = [
     "EnvConnectionError",
     "EnvContractError",
     "EnvError",
+    "EnvInfraError",
     "EnvServerError",
     "EnvTimeoutError",
     "EpisodeDoneError",
@@ -76,6 +79,16 @@ class EpisodeDoneError(EnvError, RuntimeError):
 
 class InvalidActionError(EnvError, ValueError):
     """The action passed to ``step`` is not an assistant message."""
+
+
+class EnvInfraError(EnvError):
+    """The environment's own infrastructure failed, not the model: a sandbox died, a service it calls is down.
+
+    Raised from a ``@tool`` (or ``reset``/``step``), it propagates out of ``step`` instead of
+    becoming a tool message, so the episode is aborted, never scored, and a trainer retries it on
+    a fresh env with the same seed. Sandbox failures (``SandboxLost``, ``LeaseExpired``) are
+    ``EnvInfraError`` too, so a tool that runs code in a sandbox gets this for free.
+    """
 
 
 class ToolError(EnvError):

@@ -171,3 +171,47 @@ def test_a_tool_can_end_the_episode_with_a_reward() -> None:
     assert (reward, terminated, info["submitted"]) == (1.0, True, 7)
     env.reset(seed=0)  # finish() does not leak into the next episode
     assert not env.step(Message(role="assistant", tool_calls=[call("nope", {})])).terminated
+
+
+class Flaky(ToolEnv):
+    """A tool whose backing service fails: an infrastructure error, not the model's."""
+
+    def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
+        return [Message(role="user", content="look it up")], {}
+
+    @tool
+    def lookup(self, key: str) -> str:
+        """Look a key up in a service."""
+        from agentrl.envs import EnvInfraError
+        from agentrl.envs.sandbox.errors import SandboxLost
+
+        if key == "service":
+            raise EnvInfraError("the lookup service is down")
+        if key == "sandbox":
+            raise SandboxLost("the sandbox died")
+        raise RuntimeError("a bug in the tool")
+
+    def answer(self, message: Message) -> tuple[float, dict[str, Any]]:
+        return 0.0, {}
+
+    def oracle_action(self) -> Message:
+        return Message(role="assistant", content="done")
+
+
+@pytest.mark.parametrize("key", ["service", "sandbox"])
+def test_an_infrastructure_failure_in_a_tool_aborts_the_step_instead_of_answering_the_model(key: str) -> None:
+    from agentrl.envs import EnvInfraError
+
+    env = Flaky()
+    env.reset(seed=0)
+    with pytest.raises(EnvInfraError):
+        env.step(Message(role="assistant", tool_calls=[call("lookup", {"key": key})]))
+    assert env.tool_errors == 0  # not counted as a model error
+
+
+def test_any_other_exception_in_a_tool_is_still_the_models_error_message() -> None:
+    env = Flaky()
+    env.reset(seed=0)
+    obs, *_, info = env.step(Message(role="assistant", tool_calls=[call("lookup", {"key": "x"})]))
+    assert obs[0].content == "error: tool 'lookup' raised RuntimeError: a bug in the tool"
+    assert info["tool_errors"] == 1

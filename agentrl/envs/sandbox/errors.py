@@ -7,9 +7,9 @@
         ├── SandboxUnavailable             the backend cannot run here (bwrap missing, no Docker engine,
         │                                  image not built, unknown backend name); the message names the fix
         ├── SandboxInputError (ValueError) bad input to ``run`` (empty or binary code, huge files, bad paths)
-        ├── SandboxLost                    the sandbox died or broke its protocol; retry on a fresh one
+        ├── SandboxLost (EnvInfraError)    the sandbox died or broke its protocol; retry on a fresh one
         │                                  (an infrastructure failure: never score it as reward 0)
-        └── LeaseExpired                   the pool's lease TTL ran out and the sandbox was destroyed
+        └── LeaseExpired (EnvInfraError)   the pool's lease TTL ran out and the sandbox was destroyed
 
 What the *code* does inside the sandbox (crash, time out, blow the memory limit) is not an
 exception: it is an :class:`~agentrl.envs.sandbox.types.ExecResult` with a stop ``reason``.
@@ -17,6 +17,7 @@ exception: it is an :class:`~agentrl.envs.sandbox.types.ExecResult` with a stop 
 
 from __future__ import annotations
 
+from agentrl.envs.errors import EnvInfraError
 from agentrl.errors import AgentRLError
 
 __all__ = ["LeaseExpired", "SandboxError", "SandboxInputError", "SandboxLost", "SandboxUnavailable"]
@@ -34,9 +35,9 @@ class SandboxInputError(SandboxError, ValueError):
     """``run`` got input it must refuse before starting anything."""
 
 
-class SandboxLost(SandboxError):
+class SandboxLost(SandboxError, EnvInfraError):
     """The sandbox process or container died, or answered something that is not the protocol."""
 
 
-class LeaseExpired(SandboxError):
+class LeaseExpired(SandboxError, EnvInfraError):
     """A pooled sandbox was used after its lease TTL; it has been destroyed."""
