@@ -21,6 +21,7 @@ import binascii
 import json
 import math
 import os
+import select
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -71,6 +72,39 @@ class Channel(Protocol):
         ...
 
     def describe(self) -> str: ...
+
+
+class LineChannel:
+    """The reading half of a :class:`Channel`: newline-framed replies under a deadline and a size cap.
+
+    A transport supplies :meth:`_fileno` (what to wait on) and :meth:`_read` (the reply bytes that
+    arrived: ``None`` when nothing was readable after all; raises SandboxLost at end of stream).
+    """
+
+    _buf: bytes = b""
+
+    def _fileno(self) -> int:
+        raise NotImplementedError
+
+    def _read(self) -> bytes | None:
+        raise NotImplementedError
+
+    def recv_line(self, deadline: float, limit: int) -> bytes:
+        """One line without its newline; raises TimeoutError at ``deadline``, SandboxLost past ``limit``."""
+        while b"\n" not in self._buf:
+            if len(self._buf) > limit:
+                raise SandboxLost(f"reply over {limit} bytes without a newline")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self._fileno()], [], [], left)
+            if not ready:
+                continue
+            data = self._read()
+            if data:
+                self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
 
 
 def _text_field(value: Any, what: str, *, allow_empty: bool = False) -> str:

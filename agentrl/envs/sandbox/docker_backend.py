@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import select
 import socket
 import struct
 import threading
 import time
 from typing import Any
 
-from agentrl.envs.sandbox.base import EXECUTOR_IN_SANDBOX, READY_TIMEOUT_S, Sandbox, executor_source
+from agentrl.envs.sandbox.base import (
+    EXECUTOR_IN_SANDBOX,
+    READY_TIMEOUT_S,
+    LineChannel,
+    Sandbox,
+    executor_source,
+)
 from agentrl.envs.sandbox.errors import SandboxLost, SandboxUnavailable
 from agentrl.envs.sandbox.owner import owner_alive, owner_token
 from agentrl.envs.sandbox.types import Limits
@@ -42,7 +47,7 @@ START_SLOTS = 8
 the engine's API time out, while a bounded queue of them finishes at the engine's full rate."""
 
 
-class _DockerChannel:
+class _DockerChannel(LineChannel):
     """The attached stdin/stdout of one container; stdout arrives in the engine's 8-byte-header frames."""
 
     def __init__(self, container: Any, sock: socket.socket) -> None:
@@ -60,34 +65,29 @@ class _DockerChannel:
         except OSError as e:
             raise SandboxLost(f"container stdin closed ({e})") from None
 
-    def recv_line(self, deadline: float, limit: int) -> bytes:
-        while b"\n" not in self._buf:
-            if len(self._buf) > limit:
-                raise SandboxLost(f"reply over {limit} bytes without a newline")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([self.sock], [], [], left)
-            if not ready:
-                continue
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except BlockingIOError:
-                continue
-            except OSError as e:
-                raise SandboxLost(f"container stream broke ({e})") from None
-            if not chunk:
-                raise SandboxLost("container exited (its output stream closed)")
-            self._raw += chunk
-            while len(self._raw) >= 8:
-                stream, size = self._raw[0], struct.unpack(">I", self._raw[4:8])[0]
-                if len(self._raw) < 8 + size:
-                    break
-                if stream == 1:
-                    self._buf += self._raw[8 : 8 + size]
-                self._raw = self._raw[8 + size :]
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line
+    def _fileno(self) -> int:
+        return self.sock.fileno()
+
+    def _read(self) -> bytes | None:
+        """The stdout payload of every complete frame received so far (stderr frames dropped)."""
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return None
+        except OSError as e:
+            raise SandboxLost(f"container stream broke ({e})") from None
+        if not chunk:
+            raise SandboxLost("container exited (its output stream closed)")
+        self._raw += chunk
+        out = b""
+        while len(self._raw) >= 8:
+            stream, size = self._raw[0], struct.unpack(">I", self._raw[4:8])[0]
+            if len(self._raw) < 8 + size:
+                break
+            if stream == 1:
+                out += self._raw[8 : 8 + size]
+            self._raw = self._raw[8 + size :]
+        return out
 
     def destroy(self) -> None:
         if self._destroyed:

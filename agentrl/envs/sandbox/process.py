@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-import select
 import shutil
 import subprocess
 import threading
@@ -32,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.envs.sandbox import cgroups
-from agentrl.envs.sandbox.base import EXECUTOR_IN_SANDBOX, READY_TIMEOUT_S, Sandbox, executor_source
+from agentrl.envs.sandbox.base import (
+    EXECUTOR_IN_SANDBOX,
+    READY_TIMEOUT_S,
+    LineChannel,
+    Sandbox,
+    executor_source,
+)
 from agentrl.envs.sandbox.errors import SandboxLost, SandboxUnavailable
 from agentrl.envs.sandbox.types import Limits
 
@@ -76,7 +81,9 @@ class _Spawner:
         return fut.result()
 
 
-class _ProcessChannel:
+class _ProcessChannel(LineChannel):
+    """The stdin/stdout pipes of one bwrap process."""
+
     def __init__(self, proc: subprocess.Popen[bytes], cgroup: cgroups.SandboxCgroup | None) -> None:
         self.proc, self.cgroup = proc, cgroup
         assert proc.stdin is not None and proc.stdout is not None
@@ -95,25 +102,17 @@ class _ProcessChannel:
         except (BrokenPipeError, ValueError) as e:
             raise SandboxLost(f"executor stdin closed ({e})") from None
 
-    def recv_line(self, deadline: float, limit: int) -> bytes:
-        while b"\n" not in self._buf:
-            if len(self._buf) > limit:
-                raise SandboxLost(f"reply over {limit} bytes without a newline")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([self._out], [], [], left)
-            if not ready:
-                continue
-            try:
-                chunk = os.read(self._out, 1 << 16)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                raise SandboxLost(f"executor exited (status {self.proc.poll()}){self._stderr_tail()}")
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line
+    def _fileno(self) -> int:
+        return self._out
+
+    def _read(self) -> bytes | None:
+        try:
+            chunk = os.read(self._out, 1 << 16)
+        except BlockingIOError:
+            return None
+        if not chunk:
+            raise SandboxLost(f"executor exited (status {self.proc.poll()}){self._stderr_tail()}")
+        return chunk
 
     def _stderr_tail(self) -> str:
         if self.proc.stderr is None:
