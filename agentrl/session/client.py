@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from agentrl.session.errors import (
+    ContextFullError,
     SessionEngineError,
     SessionError,
     SessionRequestError,
@@ -26,13 +27,32 @@ from agentrl.session.errors import (
 )
 from agentrl.types import Message, ToolSpec, Trajectory
 
-__all__ = ["SessionClient"]
+__all__ = ["SessionClient", "raise_for_status"]
 
 _ERRORS: dict[int, type[SessionError]] = {
     404: UnknownSessionError,
     422: SessionRequestError,
     424: SessionEngineError,
 }
+
+
+def raise_for_status(resp: httpx.Response, where: str) -> None:
+    """Raise the :mod:`agentrl.session.errors` class of a 4xx/5xx session-server reply, with its message.
+
+    A context-full turn (422, ``code: "context_length_exceeded"``) is a
+    :class:`ContextFullError`, which callers treat as the model's error, not the server's.
+    """
+    if resp.status_code < 400:
+        return
+    try:
+        err = resp.json()["error"]
+        message, code = str(err["message"]), err.get("code")
+    except (ValueError, KeyError, TypeError):
+        message, code = resp.text, None
+    text = f"{where} answered {resp.status_code}: {message}"
+    if resp.status_code == 422 and code == "context_length_exceeded":
+        raise ContextFullError(text)
+    raise _ERRORS.get(resp.status_code, SessionError)(text)
 
 
 class SessionClient:
@@ -58,12 +78,7 @@ class SessionClient:
             raise SessionError(f"{method} {self.base_url}{path} timed out: {e}") from e
         except httpx.TransportError as e:
             raise SessionError(f"cannot reach the session server at {self.base_url}: {e}") from e
-        if r.status_code >= 400:
-            try:
-                message = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = r.text
-            raise _ERRORS.get(r.status_code, SessionError)(f"HTTP {r.status_code}: {message}")
+        raise_for_status(r, f"{method} {self.base_url}{path}")
         return r.json()
 
     def openai_base_url(self, session_id: str) -> str:

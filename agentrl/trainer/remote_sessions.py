@@ -42,13 +42,8 @@ import torch
 
 from agentrl.engines.sglang import SGLangEngine
 from agentrl.errors import ConfigError
-from agentrl.session.errors import (
-    ContextFullError,
-    SessionEngineError,
-    SessionError,
-    SessionRequestError,
-    UnknownSessionError,
-)
+from agentrl.session.client import raise_for_status
+from agentrl.session.errors import SessionEngineError, SessionError, SessionRequestError
 from agentrl.types import Message, SamplingParams, ToolSpec, Trajectory
 
 __all__ = ["RemoteChatResult", "RemoteSessionEngine", "RemoteSessions", "connect_session_server"]
@@ -67,26 +62,6 @@ class RemoteChatResult:
     segment: int = 0
     diverged: str | None = None
     parse_failed: bool = False
-
-
-def _raise_for(resp: httpx.Response, where: str) -> None:
-    if resp.status_code < 400:
-        return
-    try:
-        err = resp.json()["error"]
-        message, code = str(err["message"]), err.get("code")
-    except (ValueError, KeyError, TypeError):
-        message, code = resp.text, None
-    text = f"{where} answered {resp.status_code}: {message}"
-    if resp.status_code == 404:
-        raise UnknownSessionError(text)
-    if resp.status_code == 422 and code == "context_length_exceeded":
-        raise ContextFullError(text)
-    if resp.status_code == 422:
-        raise SessionRequestError(text)
-    if resp.status_code == 424:
-        raise SessionEngineError(text)
-    raise SessionError(text)
 
 
 def _request_fields(sampling: SamplingParams | None) -> dict[str, Any]:
@@ -163,7 +138,7 @@ class RemoteSessions:
                     raise err from e
             time.sleep(delay)
             delay *= 2
-        _raise_for(resp, where)
+        raise_for_status(resp, where)
         return resp.json()
 
     def _aclient(self) -> httpx.AsyncClient:
@@ -192,16 +167,32 @@ class RemoteSessions:
                     raise err from e
             await asyncio.sleep(delay)
             delay *= 2
-        _raise_for(resp, where)
+        raise_for_status(resp, where)
         return resp.json()
 
     # ------------------------------------------------------------ the SessionManager surface
 
-    def create(self, session_id: str | None = None) -> str:
-        out = self._call("POST", "/sessions", {"session_id": session_id} if session_id else None)
+    # each session call exists blocking (the SessionManager surface) and awaitable (``a`` prefix,
+    # what the rollout uses so that it never blocks its event loop); both share the parsing below
+
+    @staticmethod
+    def _create_body(session_id: str | None) -> dict[str, Any] | None:
+        return {"session_id": session_id} if session_id else None
+
+    def _opened(self, out: dict[str, Any]) -> str:
         sid = str(out["id"])
         self._open.add(sid)
         return sid
+
+    @staticmethod
+    def _trajectories(out: dict[str, Any]) -> list[Trajectory]:
+        return [Trajectory.model_validate(t) for t in out["trajectories"]]
+
+    def create(self, session_id: str | None = None) -> str:
+        return self._opened(self._call("POST", "/sessions", self._create_body(session_id)))
+
+    async def acreate(self, session_id: str | None = None) -> str:
+        return self._opened(await self._acall("POST", "/sessions", self._create_body(session_id)))
 
     async def chat_completion(
         self,
@@ -241,31 +232,19 @@ class RemoteSessions:
             ) from e
 
     def trajectories(self, session_id: str) -> list[Trajectory]:
-        out = self._call("GET", f"/sessions/{session_id}/trajectories")
-        return [Trajectory.model_validate(t) for t in out["trajectories"]]
+        return self._trajectories(self._call("GET", f"/sessions/{session_id}/trajectories"))
+
+    async def atrajectories(self, session_id: str) -> list[Trajectory]:
+        return self._trajectories(await self._acall("GET", f"/sessions/{session_id}/trajectories"))
 
     def close(self, session_id: str) -> list[Trajectory]:
         """Delete the session on the server; returns its trajectories."""
         self._open.discard(session_id)
-        out = self._call("DELETE", f"/sessions/{session_id}")
-        return [Trajectory.model_validate(t) for t in out["trajectories"]]
-
-    # the same three calls without blocking the rollout's event loop (used when present)
-
-    async def acreate(self, session_id: str | None = None) -> str:
-        out = await self._acall("POST", "/sessions", {"session_id": session_id} if session_id else None)
-        sid = str(out["id"])
-        self._open.add(sid)
-        return sid
-
-    async def atrajectories(self, session_id: str) -> list[Trajectory]:
-        out = await self._acall("GET", f"/sessions/{session_id}/trajectories")
-        return [Trajectory.model_validate(t) for t in out["trajectories"]]
+        return self._trajectories(self._call("DELETE", f"/sessions/{session_id}"))
 
     async def aclose(self, session_id: str) -> list[Trajectory]:
         self._open.discard(session_id)
-        out = await self._acall("DELETE", f"/sessions/{session_id}")
-        return [Trajectory.model_validate(t) for t in out["trajectories"]]
+        return self._trajectories(await self._acall("DELETE", f"/sessions/{session_id}"))
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._open
