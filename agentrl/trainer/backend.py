@@ -140,10 +140,9 @@ class FSDP2Backend:
         self.sharded = shard == "always" or (shard == "auto" and self.world > 1)
         if self.sharded:
             self._shard(cpu_offload)
-        self.ref_model = ref_model.to(self.device).eval() if ref_model is not None else None
-        if self.ref_model is not None:
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
+        self.ref_model: nn.Module | None = None
+        if ref_model is not None:
+            self.set_reference(ref_model)
         self.optimizer: torch.optim.Optimizer
         self.scheduler: torch.optim.lr_scheduler.LRScheduler
         self.reset_optimizer(optim)
@@ -377,6 +376,12 @@ class FSDP2Backend:
         opts = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
         full = get_model_state_dict(self.model, options=opts)
         return {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
+
+    def set_reference(self, model: nn.Module) -> None:
+        """The frozen reference policy of the KL penalty (kept whole on every rank)."""
+        self.ref_model = model.to(self.device).eval()
+        for p in self.ref_model.parameters():
+            p.requires_grad_(False)
 
     def reset_optimizer(self, optim: OptimConfig) -> None:
         """A fresh AdamW (and warm-up schedule) over the same parameters, e.g. after the warm start."""

@@ -206,8 +206,11 @@ def run_sft(
     n_examples = max(c.run.sft_batch_size * c.run.sft_steps // 2, c.run.sft_batch_size)
     examples = oracle_examples(rt.env_factory, rt.sessions, n_examples, SFT_SEED_OFFSET)
     optim = dataclasses.replace(c.optim, lr=c.run.sft_lr, warmup_steps=max(1, c.run.sft_steps // 10))
-    be = backend or FSDP2Backend(rt.policy, c.algo, optim, device=rt.device)
-    be.reset_optimizer(optim)
+    if backend is None:
+        be = FSDP2Backend(rt.policy, c.algo, optim, device=rt.device)
+    else:
+        be = backend
+        be.reset_optimizer(optim)
     sched = torch.optim.lr_scheduler.LambdaLR(
         be.optimizer, lambda s: min(1.0, (s + 1) / optim.warmup_steps) * max(0.05, 1 - s / max(1, c.run.sft_steps))
     )
@@ -340,8 +343,6 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
 class _NoLog:
     """The metrics sink of ranks other than 0."""
 
-    path = Path(os.devnull)
-
     def log(self, kind: str, step: int, values: dict[str, float]) -> None:
         pass
 
@@ -416,9 +417,7 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
 
                 ref = load_model(resolve(cfg.model.model)).float()
                 ref.load_state_dict(be.state_dict(all_ranks=True))
-                be.ref_model = ref.to(rt.device).eval()
-                for p in be.ref_model.parameters():
-                    p.requires_grad_(False)
+                be.set_reference(ref)
             sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir)
             if start_step == 0:
                 ev = evaluate(rt)
