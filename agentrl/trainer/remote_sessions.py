@@ -170,6 +170,12 @@ class RemoteSessions:
         raise_for_status(resp, where)
         return resp.json()
 
+    async def arelease(self) -> None:
+        """Close this event loop's connections (the rollout calls it when a step's episodes are done)."""
+        entry = self._async.pop(id(asyncio.get_running_loop()), None)
+        if entry is not None:
+            await entry[1].aclose()
+
     # ------------------------------------------------------------ the SessionManager surface
 
     # each session call exists blocking (the SessionManager surface) and awaitable (``a`` prefix,

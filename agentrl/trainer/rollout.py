@@ -174,7 +174,12 @@ class RolloutManager:
         jobs = [
             self.episode(seed, f"s{seed}", i, temperature, salt) for seed in task_seeds for i in range(group_size)
         ]
-        episodes = await asyncio.gather(*jobs)
+        try:
+            episodes = await asyncio.gather(*jobs)
+        finally:
+            release = getattr(self.sessions, "arelease", None)  # a remote backend's per-loop connections
+            if release is not None:
+                await release()
         groups: list[list[Episode]] = []
         counts: Counter[str] = Counter()
         errors: list[str] = []
