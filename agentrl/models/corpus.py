@@ -2,7 +2,11 @@
 
 It imitates what agentrl's shipped environments and demos put through a tokenizer:
 arithmetic, countdown-style puzzles, numbers, ``<tool_call>`` JSON, calculator and
-guessing-game phrases and plain chat English. The same seed gives the same lines.
+guessing-game phrases and plain chat English, plus the text a chat template writes
+around a tool list (the Qwen tool header, JSON-schema function specs) and the
+calculator's word problems, so that a tool-using episode costs about half the
+tokens it would with those spelled out letter by letter. The same seed gives the
+same lines.
 """
 
 from __future__ import annotations
@@ -244,10 +248,71 @@ def _line(rng: random.Random) -> str:
     return " ".join(_sentence(rng) for _ in range(rng.randint(1, 3)))
 
 
-def generate_corpus(seed: int, lines: int = 4000) -> list[str]:
-    """``lines`` lines of training text, identical for an identical seed."""
+_TOOL_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>',
+    "Given the following functions, please respond with a JSON for a function call with its proper "
+    "arguments that best answers the given prompt.",
+    'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}. '
+    "Do not use variables.",
+)
+"""What the chat templates (Qwen, Llama 3.1) write around a list of tools."""
+
+_WORD_PROBLEMS = (
+    "A crate holds {a} bottles. How many bottles are in {b} crates?",
+    "Mia had {a} stickers and bought {b} packs of {c} stickers. How many stickers does she have now?",
+    "A school has {b} classes of {a} pupils; {c} pupils are away today. How many pupils are in school?",
+    "A farmer packs {a} eggs into boxes of {b}. How many boxes does he fill?",
+    "A train travels {a} km every hour for {b} hours, then {c} km more. How far does it go in total?",
+)
+"""The calculator env's word problems."""
+
+_DESCRIPTIONS = (
+    "Evaluate an arithmetic expression exactly.",
+    'numbers with + - * / and parentheses, e.g. "(12+3)*4"',
+    "Run Python code in a sandbox and return its output.",
+)
+"""Tool and argument descriptions of the shipped envs' tools."""
+
+
+def _function_spec(rng: random.Random) -> str:
+    name = rng.choice((*_TOOLS, "calculate", "run_python"))
+    arg = rng.choice(("expression", "code", "query", "number"))
+    spec = {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": rng.choice((_sentence(rng), *_DESCRIPTIONS)),
+            "parameters": {
+                "properties": {arg: {"description": rng.choice((_sentence(rng), *_DESCRIPTIONS)), "type": rng.choice(("string", "integer"))}},
+                "required": [arg],
+                "type": "object",
+                "additionalProperties": False,
+            },
+        },
+    }
+    return json.dumps(spec)
+
+
+def _tool_prompt_line(rng: random.Random) -> str:
+    kind = rng.randrange(3)
+    if kind == 0:
+        return rng.choice(_TOOL_HEADER)
+    if kind == 1:
+        return _function_spec(rng)
+    a, b, c = (rng.randint(2, 400) for _ in range(3))
+    return rng.choice(_WORD_PROBLEMS).format(a=a, b=b, c=c) + " Use the calculate tool, then reply with <answer>N</answer>."
+
+
+def generate_corpus(seed: int, lines: int = 4000, tool_lines: int = 600) -> list[str]:
+    """``lines`` general lines and ``tool_lines`` tool-prompt lines of training text, identical for an identical seed."""
     rng = random.Random(seed)
     out = [_line(rng) for _ in range(lines)]
+    tool_rng = random.Random(seed + 1)
+    out += [_tool_prompt_line(tool_rng) for _ in range(tool_lines)]
     # Role names and template glue the chat templates write around special tokens.
     out += ["system\n", "user\n", "assistant\n", "tool\n", "ipython\n", "observation\n"] * 20
     return out

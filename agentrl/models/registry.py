@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["BUILDER_VERSION", "FAMILY_TOKENS", "MODELS", "ModelSpec", "known_models"]
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 """Version of the build recipe; a cache entry written by another version is rebuilt."""
 
 QWEN25_TOKENS: tuple[tuple[str, bool], ...] = (

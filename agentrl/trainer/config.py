@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import dataclasses
 import difflib
 import inspect
@@ -31,7 +32,7 @@ import tomllib
 from agentrl.errors import ConfigError
 
 __all__ = [
-    "DEMO_ENV_KWARGS",
+    "DEMO_PRESETS",
     "AlgoConfig",
     "ModelConfig",
     "OptimConfig",
@@ -53,12 +54,24 @@ KLEstimator = Literal["k1", "k2", "k3"]
 SyncKind = Literal["auto", "inprocess", "disk", "broadcast"]
 
 
-DEMO_ENV_KWARGS: dict[str, dict[str, Any]] = {
-    "countdown": {"num_numbers": 2, "max_number": 5, "operations": "+"},
+DEMO_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "countdown": {
+        "rollout": {"env_kwargs": {"num_numbers": 2, "max_number": 5, "operations": "+"},
+                    "tasks_per_step": 16, "eval_every": 10},
+        "optim": {"lr": 1e-4},
+        "run": {"sft_steps": 100, "steps": 50},
+    },
+    "calculator": {
+        "rollout": {"env_kwargs": {"templates": [0], "operand_range": [2, 6], "oracle_tool_rate": 0.4}},
+        "run": {"sft_steps": 250, "steps": 30},
+    },
 }
-"""Env kwargs used when ``env_kwargs`` is left empty: the difficulty at which the default tiny
-model, starting from random weights, learns the task within the few-minute CPU demo. Pass
-``--env-kwargs`` (any JSON object, e.g. ``{"num_numbers": 3}``) to choose another difficulty."""
+"""The demo setting of an env, ``{section: {key: value}}``, used by :func:`resolve` when
+``rollout.env_kwargs`` is left empty: the difficulty (and warm-start length) at which the
+default tiny model, starting from random weights, learns the task within the few-minute
+CPU demo. A key given in the TOML file or on the command line wins over the preset; an
+explicit ``--env-kwargs`` (any JSON object, e.g. ``{"num_numbers": 3}``) turns the whole
+preset off."""
 
 
 def _fail(section: str, name: str, value: Any, why: str) -> None:
@@ -94,7 +107,7 @@ class RolloutConfig:
     env: str = "countdown"
     """environment name (see `agentrl envs`)"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments for the env constructor (JSON object); empty = the env's demo preset, if any"""
+    """keyword arguments for the env constructor (JSON object); empty = the env's demo preset (DEMO_PRESETS), if any"""
     env_url: str = ""
     """URL of a remote env server; empty runs the env in-process"""
     session_url: str = ""
@@ -130,9 +143,6 @@ class RolloutConfig:
             _fail("rollout", "max_infra_retries/eval_every", (self.max_infra_retries, self.eval_every), "must be >= 0")
         if not isinstance(self.env_kwargs, dict):
             _fail("rollout", "env_kwargs", self.env_kwargs, "must be a table / JSON object")
-        preset = DEMO_ENV_KWARGS.get(re.sub(r"-v\d+$", "", self.env))  # countdown-v0 is countdown
-        if not self.env_kwargs and preset is not None:
-            object.__setattr__(self, "env_kwargs", dict(preset))
 
 
 @dataclass(frozen=True)
@@ -469,7 +479,20 @@ def resolve(args: argparse.Namespace | None = None, *, toml: str | Path | None =
                 raise _unknown(key, sorted(owner), "overrides")
             sec, name = owner[key], key
         values[sec][name] = v
+    _apply_preset(values)
     return _build(values)
+
+
+def _apply_preset(values: dict[str, dict[str, Any]]) -> None:
+    """Fill the keys the user left out from the env's :data:`DEMO_PRESETS` entry (only without env_kwargs)."""
+    rollout = values["rollout"]
+    if rollout.get("env_kwargs"):
+        return
+    env = rollout.get("env", RolloutConfig.env)
+    preset = DEMO_PRESETS.get(re.sub(r"-v\d+$", "", env)) if isinstance(env, str) else None  # countdown-v0 too
+    for sec, table in (preset or {}).items():
+        for key, v in table.items():
+            values[sec].setdefault(key, copy.deepcopy(v))
 
 
 def to_dict(cfg: TrainConfig) -> dict[str, dict[str, Any]]:

@@ -171,8 +171,9 @@ def evaluate(rt: Runtime, episodes: int | None = None) -> dict[str, float]:
     res = rt.rollout.run(seeds, 1, 0.0, salt=-1, allow_empty=True)
     eps = res.episodes
     hi = _reward_max(rt)
-    reward, solved, played, tokens = rt.ranks.all_sum([
+    reward, solved, played, tokens, turns = rt.ranks.all_sum([
         sum(e.reward for e in eps), sum(e.reward >= hi for e in eps), len(eps), sum(e.completion_tokens for e in eps),
+        sum(e.turns for e in eps),
     ])
     return {
         "eval/reward": reward / max(played, 1),
@@ -180,6 +181,7 @@ def evaluate(rt: Runtime, episodes: int | None = None) -> dict[str, float]:
         "eval/episodes": played,
         "eval/dropped": n - played,
         "eval/completion_tokens": tokens / max(played, 1),
+        "eval/turns": turns / max(played, 1),
     }
 
 

@@ -104,6 +104,9 @@ def summary_table(path: str | Path) -> Any:
     if evals:
         t.add_row(f"eval reward, start of RL (step {evals[0]['step']})", f"{evals[0].get('eval/reward', float('nan')):.3f}")
         t.add_row(f"eval reward, end of RL (step {evals[-1]['step']})", f"{evals[-1].get('eval/reward', float('nan')):.3f}")
+        turns = [r.get("eval/turns", 1.0) for r in (evals[0], evals[-1])]
+        if max(turns) > 1:  # a multi-turn env: how many assistant turns (e.g. tool calls + answer) episodes took
+            t.add_row("eval assistant turns per episode, start → end", f"{turns[0]:.2f} → {turns[1]:.2f}")
     if train:
         k = max(1, len(train) // 5)
         first = sum(r.get("rollout/reward", 0.0) for r in train[:k]) / k

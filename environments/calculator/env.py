@@ -10,6 +10,14 @@ tool calls containing ``<answer>N</answer>``. Reward 1.0 for the exact answer,
 decimals exactly (``fractions.Fraction``); a bad expression is a tool error the
 model sees, not a crash. The oracle calls the tool once with the gold expression,
 then answers with the result.
+
+``oracle_tool_rate`` below 1 makes the oracle a mixed demonstrator: on that share of
+the seeds it solves the problem with the tool as above, on the others it answers at
+once, without the tool, with the sum of the question's numbers (the guess of a solver
+that has not learnt to reach for the calculator; it is rewarded only when it happens
+to be right). A warm start on such episodes teaches the format and both habits; RL
+then has to find out from the reward which habit pays. The ``agentrl train`` demo
+uses this.
 """
 
 from __future__ import annotations
@@ -84,7 +92,7 @@ class CalculatorEnv(ToolEnv):
     reward_range = (0.0, 1.0)
 
     def __init__(self, max_turns: int = 4, templates: list[int] | None = None,
-                 operand_range: list[int] | None = None) -> None:
+                 operand_range: list[int] | None = None, oracle_tool_rate: float = 1.0) -> None:
         if max_turns < 2:
             raise ValueError(f"max_turns must be ≥ 2 (one tool call and one answer), got {max_turns}")
         if templates is not None:
@@ -95,7 +103,12 @@ class CalculatorEnv(ToolEnv):
         if operand_range is not None and (
                 len(operand_range) != 2 or not 1 <= operand_range[0] < operand_range[1]):
             raise ValueError(f"operand_range must be [low, high) with 1 ≤ low < high, got {operand_range!r}")
+        if not 0.0 <= oracle_tool_rate <= 1.0:
+            raise ValueError(f"oracle_tool_rate must lie in [0, 1], got {oracle_tool_rate!r}")
         self.max_turns = max_turns
+        self.oracle_tool_rate = float(oracle_tool_rate)
+        self.oracle_uses_tool = True
+        self.guess = 0
         self.templates = list(templates) if templates is not None else None
         self.operand_range = (int(operand_range[0]), int(operand_range[1])) if operand_range is not None else None
         self.expression = ""
@@ -112,6 +125,9 @@ class CalculatorEnv(ToolEnv):
         values = {"a": a, "b": b, "c": c, "p": a * b}
         self.expression = expr.format(**values)
         self.solution = int(evaluate(self.expression))
+        used = [values[k] for k in "abcp" if "{" + k + "}" in template]
+        self.guess = sum(used)
+        self.oracle_uses_tool = self.oracle_tool_rate >= 1.0 or bool(rng.random() < self.oracle_tool_rate)
         question = template.format(**values)
         prompt = f"{question} Use the calculate tool, then reply with <answer>N</answer>."
         return [Message(role="user", content=prompt)], {"question": question}
@@ -133,6 +149,8 @@ class CalculatorEnv(ToolEnv):
         return float(correct), {"correct": correct, "format_error": None}
 
     def oracle_action(self) -> Message:
+        if not self.oracle_uses_tool:
+            return Message(role="assistant", content=f"The answer is <answer>{self.guess}</answer>.")
         if self.turn == 0:
             args = json.dumps({"expression": self.expression})
             call = ToolCall(id="call_0", function=FunctionCall(name="calculate", arguments=args))

@@ -115,3 +115,35 @@ def test_calculator_easy_setting_restricts_kinds_and_numbers() -> None:
     for bad in ({"templates": []}, {"templates": [7]}, {"operand_range": [5, 5]}, {"operand_range": [0, 3]}):
         with pytest.raises(ValueError):
             envs.make("calculator-v0", **bad)
+
+
+def _oracle_episode(env, seed: int):  # type: ignore[no-untyped-def]
+    env.reset(seed=seed)
+    turns, result = 0, None
+    while result is None or not (result.terminated or result.truncated):
+        result = env.step(env.oracle_action())
+        turns += 1
+    return turns, result
+
+
+def test_calculator_mixed_oracle_uses_the_tool_on_its_share_of_seeds_and_guesses_otherwise() -> None:
+    env = envs.make("calculator-v0", templates=[0], operand_range=[10, 60], oracle_tool_rate=0.3)
+    plain = envs.make("calculator-v0", templates=[0], operand_range=[10, 60])
+    with_tool, guessed = 0, 0
+    for seed in range(200):
+        plain.reset(seed=seed)
+        turns, result = _oracle_episode(env, seed)
+        assert env.expression == plain.expression  # type: ignore[attr-defined]  # same questions as the plain oracle
+        if turns == 2:  # tool call, then the answer
+            with_tool += 1
+            assert result.reward == 1.0 and result.info["tool_calls"] == 1
+        else:  # answered at once with the sum of the question's numbers: wrong for a product of these sizes
+            guessed += 1
+            a, b = (int(x) for x in env.expression.split("*"))  # type: ignore[attr-defined]
+            assert (turns, result.reward, result.info["tool_calls"]) == (1, 0.0, 0)
+            assert env.guess == a + b  # type: ignore[attr-defined]
+    assert 40 <= with_tool <= 80 and with_tool + guessed == 200  # about 30 % of 200 seeds
+    assert all(_oracle_episode(plain, s)[1].reward == 1.0 for s in range(20))  # the default oracle always solves
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="oracle_tool_rate"):
+            envs.make("calculator-v0", oracle_tool_rate=bad)

@@ -84,11 +84,29 @@ def test_ppo_defaults_to_gae():
     assert C.resolve().algo.advantage_kind == "grpo"
 
 
-def test_countdown_demo_preset_applies_only_when_env_kwargs_is_empty():
-    assert C.resolve().rollout.env_kwargs == C.DEMO_ENV_KWARGS["countdown"]
-    assert C.resolve(env_kwargs={"num_numbers": 3}).rollout.env_kwargs == {"num_numbers": 3}
-    assert C.resolve(env="calculator").rollout.env_kwargs == {}
-    assert C.resolve(env="countdown-v0").rollout.env_kwargs == C.DEMO_ENV_KWARGS["countdown"]
+def test_demo_preset_applies_only_when_env_kwargs_is_empty():
+    countdown = C.DEMO_PRESETS["countdown"]
+    assert C.resolve().rollout.env_kwargs == countdown["rollout"]["env_kwargs"]
+    assert C.resolve().run.sft_steps == countdown["run"]["sft_steps"]
+    assert C.resolve(env="countdown-v0").rollout.env_kwargs == countdown["rollout"]["env_kwargs"]
+    own = C.resolve(env_kwargs={"num_numbers": 3})
+    assert own.rollout.env_kwargs == {"num_numbers": 3}
+    assert own.run.sft_steps == C.RunConfig().sft_steps  # the whole preset is off
+    calc = C.resolve(env="calculator")
+    assert calc.rollout.env_kwargs == C.DEMO_PRESETS["calculator"]["rollout"]["env_kwargs"]
+    assert (calc.run.sft_steps, calc.run.steps) == (250, 30)
+    assert C.resolve(env="guess_number").rollout.env_kwargs == {}  # no preset: the env's own defaults
+
+
+def test_a_key_given_explicitly_wins_over_the_demo_preset(tmp_path):
+    assert C.resolve(env="calculator", sft_steps=7).run.sft_steps == 7
+    toml = tmp_path / "run.toml"
+    toml.write_text('[rollout]\nenv = "calculator"\n[run]\nsteps = 3\n')
+    cfg = C.resolve(toml=toml)
+    assert (cfg.run.steps, cfg.run.sft_steps) == (3, 250)
+    again = tmp_path / "resolved.toml"
+    again.write_text(C.to_toml(cfg))  # the saved config reads back to the same run
+    assert C.resolve(toml=again) == cfg
 
 
 def test_weight_sync_auto_picks_disk_for_a_remote_session_server():

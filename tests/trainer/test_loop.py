@@ -89,3 +89,15 @@ def test_sft_command_saves_an_hf_model(tmp_path, capsys):
     AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert AutoTokenizer.from_pretrained(tmp_path / "model").chat_template
     assert any(r["kind"] == "sft" for r in read_jsonl(tmp_path / "metrics.jsonl"))
+
+
+def test_calculator_preset_trains_multi_turn_and_logs_assistant_turns(tmp_path):
+    cfg = resolve(**{**FAST, "max_new_tokens": 24}, env="calculator", steps=1, run_dir=str(tmp_path))
+    assert cfg.rollout.env_kwargs["oracle_tool_rate"] < 1  # the demo's mixed warm start
+    s = train(cfg, console=_quiet())
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert s.eval_start is not None and len(evals) == 2
+    assert all(1 <= r["eval/turns"] <= cfg.rollout.max_turns for r in evals)
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert train_rows and train_rows[0]["rollout/episodes_ok"] == cfg.batch_size
