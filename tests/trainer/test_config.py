@@ -59,7 +59,7 @@ def test_unknown_toml_key_is_named_with_suggestion(tmp_path):
     ("overrides", "match"),
     [
         ({"group_size": 1}, r"rollout\.group_size=1: grpo needs a group of at least 2"),
-        ({"num_minibatches": 3}, r"algo\.num_minibatches=3: .*8\*8 = 64 episodes does not split"),
+        ({"num_minibatches": 3}, r"algo\.num_minibatches=3: .*16\*8 = 128 episodes does not split"),  # the countdown preset
         ({"lr": -1.0}, r"optim\.lr=-1\.0"),
         ({"dual_clip": 0.5}, r"algo\.dual_clip=0\.5"),
         ({"advantage": "gae"}, r"algo\.advantage='gae': GAE needs a critic"),
