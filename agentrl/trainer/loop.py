@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agentrl.errors import AgentRLError, ConfigError
 from agentrl.trainer import advantages as A
 from agentrl.trainer import losses as L
 from agentrl.trainer.backend import FSDP2Backend, init_distributed
@@ -83,8 +84,6 @@ def _device(cfg: TrainConfig) -> str:
     if cfg.model.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.model.device == "cuda" and not torch.cuda.is_available():
-        from agentrl.errors import ConfigError
-
         raise ConfigError("model.device='cuda' but no CUDA GPU is visible; use --device cpu or auto")
     return cfg.model.device
 
@@ -114,7 +113,15 @@ def make_env_factory(cfg: TrainConfig) -> Any:
         def factory() -> Any:
             return make(r.env, **r.env_kwargs)
 
-        env = factory()  # unknown env name / bad kwargs fail here, before the model loads
+        try:  # unknown env name / bad kwargs fail here, before the model loads
+            env = factory()
+        except AgentRLError:
+            raise
+        except (TypeError, ValueError) as e:  # the env's constructor refused its kwargs
+            raise ConfigError(
+                f"rollout.env_kwargs={dict(r.env_kwargs)!r}: env {r.env!r} rejected them: {e} "
+                "(fix --env-kwargs, or leave it out for the env's demo preset)"
+            ) from None
         close = getattr(env, "close", None)
         if close:
             close()
@@ -328,8 +335,6 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
     """What data-parallel training needs of the config, checked before any model loads."""
     if world == 1:
         return
-    from agentrl.errors import ConfigError
-
     r = cfg.rollout
     if r.tasks_per_step % world:
         raise ConfigError(f"rollout.tasks_per_step={r.tasks_per_step}: must be a multiple of the {world} ranks, "

@@ -103,7 +103,8 @@ class CalculatorEnv(ToolEnv):
         if operand_range is not None and (
                 len(operand_range) != 2 or not 1 <= operand_range[0] < operand_range[1]):
             raise ValueError(f"operand_range must be [low, high) with 1 ≤ low < high, got {operand_range!r}")
-        if not 0.0 <= oracle_tool_rate <= 1.0:
+        if isinstance(oracle_tool_rate, bool) or not isinstance(oracle_tool_rate, (int, float)) \
+                or not 0.0 <= oracle_tool_rate <= 1.0:
             raise ValueError(f"oracle_tool_rate must lie in [0, 1], got {oracle_tool_rate!r}")
         self.max_turns = max_turns
         self.oracle_tool_rate = float(oracle_tool_rate)

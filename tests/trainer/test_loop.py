@@ -54,6 +54,8 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
         (["train", "--group-size", "1"], "rollout.group_size=1"),
         (["train", "--num-minibatches", "3"], "algo.num_minibatches=3"),
         (["train", "--env", "nope"], "nope"),
+        (["train", "--env", "calculator", "--env-kwargs", '{"oracle_tool_rate": "x"}'], "rollout.env_kwargs="),
+        (["train", "--env", "calculator", "--env-kwargs", '{"nope": 1}'], "unexpected keyword argument 'nope'"),
     ],
 )
 def test_bad_config_fails_fast_naming_the_field(args, needle, tmp_path, capsys):
