@@ -10,6 +10,13 @@ that went through generation, reward and a gradient update; samples/s counts
 ``steps * batch`` over the wall time of the measured steps (a warm-up step is
 excluded on both sides). agentrl's number is the whole loop: rollout through the
 session manager and the engine, the update, and the weight sync into the engine.
+agentrl runs twice: synchronous (the default: each step rolls out with the latest
+weights, like TRL) and with asynchronous rollout at ``--max-staleness 1`` (the next
+step's episodes play while the trainer updates; every trained token is at most one
+policy version old, corrected by the clipped importance ratio against its rollout
+logprob). The measured window starts at step 1 and ends after the last step's update,
+so the async side gains the head start of step 1's rollout (played during the warm-up
+update) and loses the same at the end, where the last update overlaps nothing.
 Sides alternate for ``--rounds`` rounds and the best round of each is reported, so
 load from other processes on a shared machine does not land on one side only.
 
@@ -33,10 +40,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def agentrl_round(args: argparse.Namespace, model_dir: str) -> dict[str, Any]:
+def agentrl_round(args: argparse.Namespace, model_dir: str, max_staleness: int = 0) -> dict[str, Any]:
     from agentrl.trainer.backend import FSDP2Backend
     from agentrl.trainer.config import resolve
     from agentrl.trainer.loop import _train_step, build_runtime
+    from agentrl.trainer.pipeline import RolloutAhead
     from agentrl.trainer.weight_sync import InProcessSync
 
     cfg = resolve(
@@ -48,35 +56,52 @@ def agentrl_round(args: argparse.Namespace, model_dir: str) -> dict[str, Any]:
         clip_high=0.2,
         threads=args.threads,
         sft_steps=0,
+        max_staleness=max_staleness,
     )
     rt = build_runtime(cfg)
     be = FSDP2Backend(rt.policy, cfg.algo, cfg.optim, device="cpu")
     sync = InProcessSync(rt.engine)
-    split: dict[str, list[float]] = {"rollout": [], "train": [], "sync": [], "length": []}
+
+    def rollout(step: int) -> Any:
+        seeds = [step * args.prompts + i for i in range(args.prompts)]
+        return rt.rollout.run(seeds, args.group_size, 1.0, salt=step)
+
+    # the loop of `agentrl train`: with max_staleness > 0 the next step's rollout plays during the update
+    ahead = (RolloutAhead(rollout, first=0, end=args.steps + 1, max_staleness=max_staleness, timeout_s=300)
+             if max_staleness else None)
+    split: dict[str, list[float]] = {"rollout": [], "wait": [], "train": [], "sync": [], "length": [], "stale": []}
     try:
         t_start = 0.0
         for step in range(args.steps + 1):
             if step == 1:
                 t_start = time.perf_counter()
             t0 = time.perf_counter()
-            seeds = [step * args.prompts + i for i in range(args.prompts)]
-            res = rt.rollout.run(seeds, args.group_size, 1.0, salt=step)
+            if ahead is not None:
+                res, played = ahead.take(step)
+            else:
+                res = rollout(step)
+                played = time.perf_counter() - t0
             t1 = time.perf_counter()
-            _train_step(cfg, rt, be, res.groups)
+            stats = _train_step(cfg, rt, be, res.groups)
             t2 = time.perf_counter()
             sync.push(be.state_dict())
             t3 = time.perf_counter()
             if step >= 1:
-                split["rollout"].append(t1 - t0)
+                split["rollout"].append(played)
+                split["wait"].append(t1 - t0)
                 split["train"].append(t2 - t1)
                 split["sync"].append(t3 - t2)
                 split["length"].append(res.metrics["rollout/completion_tokens"])
+                split["stale"].append(stats.get("train/staleness_max", 0.0))
         wall = time.perf_counter() - t_start
     finally:
+        if ahead is not None:
+            ahead.close()
         rt.close()
     out: dict[str, Any] = {k: statistics.mean(v) for k, v in split.items()}
-    out["length"] = split["length"]
+    out["stale"] = max(split["stale"])
     out["samples_per_s"] = args.steps * args.prompts * args.group_size / wall
+    out["step"] = wall / args.steps
     return out
 
 
@@ -178,30 +203,32 @@ def main(argv: list[str] | None = None) -> int:
     from agentrl.models import resolve
 
     model_dir = resolve(args.model)
-    ours: list[dict[str, Any]] = []
-    theirs: list[dict[str, Any]] = []
+    sides: dict[str, list[dict[str, Any]]] = {"sync": [], "async": [], "trl": []}
     for _ in range(args.rounds):
-        ours.append(agentrl_round(args, model_dir))
-        theirs.append(trl_round(args, model_dir))
-    a = max(ours, key=lambda r: r["samples_per_s"])
-    t = max(theirs, key=lambda r: r["samples_per_s"])
+        sides["sync"].append(agentrl_round(args, model_dir))
+        sides["async"].append(agentrl_round(args, model_dir, max_staleness=1))
+        sides["trl"].append(trl_round(args, model_dir))
+    best = {k: max(v, key=lambda r: r["samples_per_s"]) for k, v in sides.items()}
+    t = best["trl"]
     batch = args.prompts * args.group_size
     print(
         f"model {args.model}, countdown, G={args.group_size}, {batch} completions/step, "
         f"max {args.max_new_tokens} new tokens, {args.steps} measured steps, best of {args.rounds} rounds"
     )
     print()
-    print("| trainer | samples/s | mean completion tokens | ratio |")
-    print("| --- | ---: | ---: | ---: |")
-    print(f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | {t['length']:.1f} | 1.00x |")
-    print(f"| agentrl | {a['samples_per_s']:.1f} | {statistics.mean(a['length']):.1f} | "
-          f"{a['samples_per_s'] / t['samples_per_s']:.2f}x |")
+    print("| trainer | samples/s | mean completion tokens | max staleness | ratio |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | {t['length']:.1f} | 0 | 1.00x |")
+    for key, name in (("sync", "agentrl, synchronous (default)"), ("async", "agentrl, async rollout (--max-staleness 1)")):
+        a = best[key]
+        print(f"| {name} | {a['samples_per_s']:.1f} | {a['length']:.1f} | {a['stale']:.0f} | "
+              f"{a['samples_per_s'] / t['samples_per_s']:.2f}x |")
     print()
-    total = a["rollout"] + a["train"] + a["sync"]
-    print("| agentrl step split | seconds | share |")
-    print("| --- | ---: | ---: |")
-    for k in ("rollout", "train", "sync"):
-        print(f"| {k} | {a[k]:.3f} | {100 * a[k] / total:.0f}% |")
+    print("| agentrl step split (seconds) | rollout (played) | rollout (trainer waited) | train | sync | step |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for key in ("sync", "async"):
+        a = best[key]
+        print(f"| {key} | {a['rollout']:.3f} | {a['wait']:.3f} | {a['train']:.3f} | {a['sync']:.3f} | {a['step']:.3f} |")
     return 0
 
 

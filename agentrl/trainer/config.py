@@ -126,6 +126,8 @@ class RolloutConfig:
     """retries of an episode that failed for infrastructure reasons, on a fresh env"""
     episode_timeout_s: float = 120.0
     """deadline for one episode; past it the episode counts as an infrastructure failure"""
+    max_staleness: int = 0
+    """asynchronous rollout: play the next K steps' episodes while the trainer updates, so a token is at most K policy versions old when trained on (0: synchronous, every step rolls out with the latest weights)"""
     eval_every: int = 5
     """evaluate on held-out seeds every N train steps (0: only at start and end)"""
     eval_episodes: int = 64
@@ -139,8 +141,9 @@ class RolloutConfig:
                 _fail("rollout", name, getattr(self, name), "must be >= 1")
         if self.temperature < 0:
             _fail("rollout", "temperature", self.temperature, "must be >= 0")
-        if self.max_infra_retries < 0 or self.eval_every < 0:
-            _fail("rollout", "max_infra_retries/eval_every", (self.max_infra_retries, self.eval_every), "must be >= 0")
+        for name in ("max_infra_retries", "eval_every", "max_staleness"):
+            if getattr(self, name) < 0:
+                _fail("rollout", name, getattr(self, name), "must be >= 0")
         if not isinstance(self.env_kwargs, dict):
             _fail("rollout", "env_kwargs", self.env_kwargs, "must be a table / JSON object")
 

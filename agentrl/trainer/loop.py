@@ -43,6 +43,7 @@ from agentrl.trainer.batch import from_trajectories
 from agentrl.trainer.config import TrainConfig, to_toml
 from agentrl.trainer.distributed import Ranks
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
+from agentrl.trainer.pipeline import RolloutAhead
 from agentrl.trainer.rollout import RolloutManager, RolloutResult, merge_results
 from agentrl.trainer.sft import SFT_SEED_OFFSET, oracle_examples, sft_batches
 from agentrl.trainer.weight_sync import make_sync
@@ -304,8 +305,10 @@ def _train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[li
     out.update(info)
     out["train/samples"] = float(len(trajs))
     out["train/tokens"] = ranks.all_sum([float(batch.loss_mask.sum())])[0]
-    if versions:
-        out["train/staleness_max"] = float(be.updates - 1 - min(versions))
+    if versions:  # policy versions behind the weights being updated (= the engine's, synced after every update)
+        now = rt.engine.weight_version
+        out["train/staleness_max"] = float(now - min(versions))
+        out["train/staleness_mean"] = float(now - sum(versions) / len(versions))
     return out
 
 
@@ -339,6 +342,9 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
     if r.tasks_per_step % world:
         raise ConfigError(f"rollout.tasks_per_step={r.tasks_per_step}: must be a multiple of the {world} ranks, "
                           "which each roll out an equal share of the tasks")
+    if r.max_staleness:
+        raise ConfigError(f"rollout.max_staleness={r.max_staleness}: asynchronous rollout runs with one process "
+                          f"only for now, not under torchrun ({world} ranks); use --max-staleness 0")
     if r.session_url or cfg.run.weight_sync != "inprocess":
         raise ConfigError(f"run.weight_sync={cfg.run.weight_sync!r}, rollout.session_url={r.session_url!r}: "
                           f"under torchrun ({world} ranks) every rank syncs its own in-process engine; "
@@ -399,6 +405,7 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
         TextColumn("{task.fields[info]}"), console=console, disable=not (cfg.run.progress and ranks.main),
     )
     sync: Any = None
+    ahead: RolloutAhead | None = None
     try:
         with progress:
             start_step = 0
@@ -434,10 +441,20 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                               f"reward {ev['eval/reward']:.3f}")
             task = progress.add_task("RL", total=cfg.run.steps, completed=start_step, info="")
             last_eval = None
+
+            def step_rollout(s: int) -> RolloutResult:
+                return _rollout_step(rt, [s * r.tasks_per_step + i for i in range(r.tasks_per_step)], salt=s)
+
+            if r.max_staleness:
+                ahead = RolloutAhead(step_rollout, first=start_step, end=cfg.run.steps,
+                                     max_staleness=r.max_staleness, timeout_s=timeout_s)
             for step in range(start_step, cfg.run.steps):
                 t0 = time.perf_counter()
-                seeds = [step * r.tasks_per_step + i for i in range(r.tasks_per_step)]
-                res = _rollout_step(rt, seeds, salt=step)
+                if ahead is not None:
+                    res, played = ahead.take(step)
+                else:
+                    res = step_rollout(step)
+                    played = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 stats = _train_step(cfg, rt, be, res.groups)
                 t2 = time.perf_counter()
@@ -446,18 +463,20 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 else:
                     sres = sync.push(be.state_dict(all_ranks=True))
                 t3 = time.perf_counter()
-                row = {**res.metrics, **stats, "time/rollout": t1 - t0, "time/train": t2 - t1, "time/sync": t3 - t2,
+                row = {**res.metrics, **stats, "time/rollout": played, "time/rollout_wait": t1 - t0,
+                       "time/train": t2 - t1, "time/sync": t3 - t2,
                        "time/step": t3 - t0, "sync/version": float(rt.engine.weight_version),
                        "sync/bytes": float(sres.bytes if sres else 0)}
                 done = step + 1
                 if r.eval_every and done % r.eval_every == 0 and done < cfg.run.steps:
-                    last_eval = evaluate(rt)
+                    last_eval = ahead.call(lambda: evaluate(rt), f"the eval after step {done}") if ahead else evaluate(rt)
                     log.log("eval", done, last_eval)
                 log.log("train", done, row)
                 summary.history.append(row)
                 ev_txt = f" eval {last_eval['eval/reward']:.2f}" if last_eval else ""
+                waited = f" (waited {row['time/rollout_wait']:.1f}s)" if ahead else ""
                 progress.update(task, completed=done, info=(
-                    f"reward {row['rollout/reward']:.2f}{ev_txt} | rollout {row['time/rollout']:.1f}s "
+                    f"reward {row['rollout/reward']:.2f}{ev_txt} | rollout {row['time/rollout']:.1f}s{waited} "
                     f"train {row['time/train']:.1f}s sync {row['time/sync'] * 1000:.0f}ms"))
                 if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0:
                     _save(rt, be, run_dir, done)
@@ -479,6 +498,8 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
             (run_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary) | {"history": []}, indent=1))
         return summary
     finally:
+        if ahead is not None:
+            ahead.close()
         if sync is not None:
             sync.close()
         rt.close()

@@ -112,7 +112,11 @@ def summary_table(path: str | Path) -> Any:
         first = sum(r.get("rollout/reward", 0.0) for r in train[:k]) / k
         last = sum(r.get("rollout/reward", 0.0) for r in train[-k:]) / k
         t.add_row(f"train reward, first/last {k} steps", f"{first:.3f} → {last:.3f}")
-        for key in ("time/rollout", "time/train", "time/sync"):
+        for key in ("time/rollout", "time/train", "time/sync", "time/step"):
             t.add_row(f"{key} per step (mean s)", f"{sum(r.get(key, 0.0) for r in train) / len(train):.3f}")
+        if any(r.get("train/staleness_max", 0.0) > 0 for r in train):  # asynchronous rollout
+            wait = sum(r.get("time/rollout_wait", 0.0) for r in train) / len(train)
+            t.add_row("time/rollout_wait per step (mean s, async)", f"{wait:.3f}")
+            t.add_row("staleness, max (policy versions)", f"{max(r.get('train/staleness_max', 0.0) for r in train):.0f}")
         t.add_row("train steps", str(len(train)))
     return t

@@ -65,6 +65,7 @@ def test_unknown_toml_key_is_named_with_suggestion(tmp_path):
         ({"advantage": "gae"}, r"algo\.advantage='gae': GAE needs a critic"),
         ({"policy_loss": "nope"}, r"algo\.policy_loss='nope': choose one of"),
         ({"group_size": "8"}, r"rollout\.group_size: expected int"),
+        ({"max_staleness": -1}, r"rollout\.max_staleness=-1: must be >= 0"),
         ({"grup_size": 8}, r"unknown key 'grup_size'.*group_size"),
     ],
 )

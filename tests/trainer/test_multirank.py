@@ -95,3 +95,15 @@ def test_tasks_must_split_across_ranks(tmp_path, capsys):
     )
     assert proc.returncode == 1
     assert "rollout.tasks_per_step=4: must be a multiple of the 3 ranks" in proc.stderr
+
+
+def test_async_rollout_is_refused_under_torchrun_before_any_model_loads(tmp_path):
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", "--env", "countdown", "--max-staleness", "1",
+         "--run-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "rollout.max_staleness=1: asynchronous rollout runs with one process only" in proc.stderr
+    assert "Traceback" not in proc.stderr
