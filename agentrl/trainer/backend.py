@@ -20,6 +20,7 @@ Ranks with fewer micro-batches run empty ones so collectives stay matched.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -133,6 +134,8 @@ class FSDP2Backend:
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         self.model = model.to(self.device)
         self.model.train()
+        # HF causal LMs can run their LM head on the last N positions only
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         if activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()  # type: ignore[operator]
         hidden = int(getattr(model.config, "hidden_size", 0))
@@ -171,15 +174,30 @@ class FSDP2Backend:
     # ------------------------------------------------------------ forward
 
     def _forward(
-        self, model: nn.Module, mb: TrainBatch, want_values: bool = False
+        self, model: nn.Module, mb: TrainBatch, want_values: bool = False, window: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(logp (B, T-1), logits (B, T-1, V), values (B, T-1) | None) scoring tokens 1..T-1."""
+        """(logp (B, T-1), logits (B, W, V), values (B, T-1) | None) scoring tokens 1..T-1.
+
+        With ``window`` the LM head and the softmax run only over the last ``W`` positions,
+        from the first token any row of the micro-batch trains on (the prompt before it is
+        context only; with a large vocabulary and long prompts these logits are most of the
+        cost); ``logp`` is zero before the window. Without it ``W = T - 1``.
+        """
+        T = mb.input_ids.shape[1]
+        start = 0
+        if window and self._logits_to_keep:
+            trained = mb.loss_mask[:, 1:].any(0).nonzero()
+            start = int(trained[0]) if len(trained) else max(0, T - 2)
+        kw = {"logits_to_keep": T - start} if start else {}
         out = model(
-            input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_hidden_states=want_values, use_cache=False
+            input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_hidden_states=want_values,
+            use_cache=False, **kw,
         )
-        logits = out.logits[:, :-1].float()
-        targets = mb.input_ids[:, 1:]
+        logits = out.logits[:, -(T - start):-1].float()  # the positions start .. T-2 predict tokens start+1 .. T-1
+        targets = mb.input_ids[:, start + 1:]
         logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if start:
+            logp = nn.functional.pad(logp, (start, 0))
         values = None
         if want_values and self.value_head is not None:
             # the value of the state before token t scores token t, like the logprob
@@ -298,7 +316,7 @@ class FSDP2Backend:
         return out
 
     def _sft_loss(self, mb: TrainBatch, num_tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-        logp, _, _ = self._forward(self.model, mb)
+        logp, _, _ = self._forward(self.model, mb, window=True)
         mask = mb.loss_mask[:, 1:]
         loss = -(logp * mask).sum() / num_tokens
         with torch.no_grad():
@@ -309,7 +327,7 @@ class FSDP2Backend:
         """The micro-batch's share of the mini-batch loss; stats are token-weighted sums (suffix ``_tok``)."""
         a = self.algo
         want_values = self.value_head is not None
-        logp, logits, values = self._forward(self.model, mb, want_values)
+        logp, logits, values = self._forward(self.model, mb, want_values, window=True)
         mask = mb.loss_mask[:, 1:]
         old = mb.old_logp[:, 1:]
         adv = mb.advantages[:, 1:]
@@ -325,13 +343,14 @@ class FSDP2Backend:
         with torch.no_grad():
             diff = (logp - old).abs() * mask
             stats["logprob_diff_tok"] = float(diff.sum())
+        with torch.set_grad_enabled(a.entropy_coef > 0):  # over the LM-head window, zero before it like logp
+            ent_tok = nn.functional.pad(L.entropy_from_logits(logits), (mask.shape[1] - logits.shape[1], 0))
         if a.entropy_coef > 0:
-            ent = L.aggregate(L.entropy_from_logits(logits), mask, a.loss_agg, **agg)
+            ent = L.aggregate(ent_tok, mask, a.loss_agg, **agg)
             loss = loss - a.entropy_coef * ent
             stats["entropy"] = float(ent.detach())
         else:
-            with torch.no_grad():
-                stats["entropy_tok"] = float((L.entropy_from_logits(logits) * mask).sum())
+            stats["entropy_tok"] = float((ent_tok * mask).sum())
         if a.kl_coef > 0:
             if mb.ref_logp is None:
                 raise BackendError("kl_coef > 0 but the batch has no ref_logp; compute them with ref_logprobs()")

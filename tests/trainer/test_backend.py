@@ -64,6 +64,29 @@ def test_repeated_steps_lower_the_loss_on_a_fixed_batch():
     assert (new - batch.old_logp)[pos].mean() > 0
 
 
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_lm_head_on_the_trained_window_gives_the_full_update(entropy_coef):
+    """The LM head runs only from the first trained token; the update is the one of full logits."""
+    results = []
+    for window in (True, False):
+        model = tiny_model()
+        be = FSDP2Backend(model, AlgoConfig(entropy_coef=entropy_coef), OptimConfig(), optimizer_factory=_sgd(0.5))
+        assert be._logits_to_keep
+        be._logits_to_keep = window
+        batch = _with_current_logp(be, fixed_batch())
+        logp, logits, _ = be._forward(model, batch, window=True)
+        T = batch.input_ids.shape[1]
+        assert logits.shape[1] == (T - 1 - 3 if window else T - 1)  # the 4-token prompt predicts 3 tokens
+        stats = be.train_step(batch)
+        results.append((logp.detach() * batch.loss_mask[:, 1:], stats, model.state_dict()))
+    (lp_w, st_w, sd_w), (lp_f, st_f, sd_f) = results
+    torch.testing.assert_close(lp_w, lp_f, atol=1e-6, rtol=1e-5)
+    for key in ("loss", "entropy", "grad_norm"):
+        assert st_w[key] == pytest.approx(st_f[key], rel=1e-5), key
+    for k in sd_w:
+        torch.testing.assert_close(sd_w[k], sd_f[k], atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
 def test_micro_batches_give_the_full_batch_update(agg):
     results = []
