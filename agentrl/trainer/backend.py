@@ -37,6 +37,7 @@ from agentrl.trainer import losses as L
 from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
 from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError, CheckpointError
+from agentrl.trainer.prefix import plan_shared_prompts, scatter_columns, shared_prompt_logits
 
 __all__ = ["FSDP2Backend", "TrainBackend", "ValueHead", "decoder_layers", "init_distributed"]
 
@@ -112,7 +113,10 @@ class FSDP2Backend:
     """Trains an HF causal LM with the losses of :mod:`agentrl.trainer.losses`.
 
     ``value_head=True`` adds a :class:`ValueHead` (PPO). ``ref_model`` (frozen)
-    enables the KL penalty. ``optimizer_factory`` defaults to AdamW.
+    enables the KL penalty. ``optimizer_factory`` defaults to AdamW. ``share_prompts``
+    runs the forward of a prompt that several rows of a micro-batch share (a GRPO group)
+    once (:mod:`agentrl.trainer.prefix`; off under activation checkpointing and for the
+    critic's forward).
     """
 
     def __init__(
@@ -127,6 +131,7 @@ class FSDP2Backend:
         shard: str = "auto",
         activation_checkpointing: bool = False,
         cpu_offload: bool = False,
+        share_prompts: bool = True,
         optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
     ) -> None:
         self.algo, self.optim_cfg = algo, optim
@@ -134,13 +139,20 @@ class FSDP2Backend:
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         self.model = model.to(self.device)
         self.model.train()
-        # HF causal LMs can run their LM head on the last N positions only
-        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # HF causal LMs can run their LM head on the last N positions only, and continue a KV cache
+        params = inspect.signature(model.forward).parameters
+        self._logits_to_keep = "logits_to_keep" in params
+        self._cache_kw = next((k for k in ("cache", "past_key_values") if k in params), "")
         if activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable()  # type: ignore[operator]
         hidden = int(getattr(model.config, "hidden_size", 0))
         self.value_head = ValueHead(hidden).to(self.device) if value_head else None
         self.sharded = shard == "always" or (shard == "auto" and self.world > 1)
+        # a shared prompt's forward runs once (agentrl.trainer.prefix); not under activation checkpointing,
+        # where HF turns the KV cache off, nor yet under FSDP2 sharding, which frees the weights gathered
+        # for the prompt's forward before its backward
+        self.share_prompts = (share_prompts and self._logits_to_keep and bool(self._cache_kw)
+                              and not activation_checkpointing and not self.sharded)
         if self.sharded:
             self._shard(cpu_offload)
         self.ref_model: nn.Module | None = None
@@ -174,35 +186,55 @@ class FSDP2Backend:
     # ------------------------------------------------------------ forward
 
     def _forward(
-        self, model: nn.Module, mb: TrainBatch, want_values: bool = False, window: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(logp (B, T-1), logits (B, W, V), values (B, T-1) | None) scoring tokens 1..T-1.
+        self, model: nn.Module, mb: TrainBatch, want_values: bool = False, window: bool = False,
+        entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(logp, entropy | None, values | None), each (B, T-1): column t - 1 scores token t.
 
-        With ``window`` the LM head and the softmax run only over the last ``W`` positions,
-        from the first token any row of the micro-batch trains on (the prompt before it is
-        context only; with a large vocabulary and long prompts these logits are most of the
-        cost); ``logp`` is zero before the window. Without it ``W = T - 1``.
+        With ``window`` only the trained tokens are needed: the LM head and the softmax run
+        from the first trained token of the micro-batch on (the prompt before it is context
+        only; with a large vocabulary and long prompts these logits are most of the cost),
+        and rows that share a prompt (a GRPO group) run its forward once
+        (:mod:`agentrl.trainer.prefix`). ``logp`` and ``entropy`` are then zero on the
+        prompt. ``entropy`` is the policy's per-token entropy, differentiable only when the
+        entropy bonus is on.
         """
         T = mb.input_ids.shape[1]
-        start = 0
-        if window and self._logits_to_keep:
-            trained = mb.loss_mask[:, 1:].any(0).nonzero()
-            start = int(trained[0]) if len(trained) else max(0, T - 2)
-        kw = {"logits_to_keep": T - start} if start else {}
-        out = model(
-            input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_hidden_states=want_values,
-            use_cache=False, **kw,
-        )
-        logits = out.logits[:, -(T - start):-1].float()  # the positions start .. T-2 predict tokens start+1 .. T-1
-        targets = mb.input_ids[:, start + 1:]
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        if start:
-            logp = nn.functional.pad(logp, (start, 0))
+        plan = None
+        if window and self.share_prompts and not want_values:
+            plan = plan_shared_prompts(mb.input_ids, mb.attention_mask, mb.loss_mask)
         values = None
-        if want_values and self.value_head is not None:
-            # the value of the state before token t scores token t, like the logprob
-            values = self.value_head(out.hidden_states[-1][:, :-1].float())
-        return logp, logits, values
+        if plan is not None:
+            logits, targets, cols = shared_prompt_logits(model, mb.input_ids, plan, self._cache_kw)
+
+            def place(x: torch.Tensor) -> torch.Tensor:
+                return scatter_columns(x, cols, T - 1)
+        else:
+            start = 0
+            if window and self._logits_to_keep:
+                trained = mb.loss_mask[:, 1:].any(0).nonzero()
+                start = int(trained[0]) if len(trained) else max(0, T - 2)
+            kw = {"logits_to_keep": T - start} if start else {}
+            out = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_hidden_states=want_values,
+                use_cache=False, **kw,
+            )
+            logits = out.logits[:, -(T - start):-1]  # the positions start .. T-2 predict tokens start+1 .. T-1
+            targets = mb.input_ids[:, start + 1:]
+
+            def place(x: torch.Tensor) -> torch.Tensor:
+                return nn.functional.pad(x, (start, 0)) if start else x
+
+            if want_values and self.value_head is not None:
+                # the value of the state before token t scores token t, like the logprob
+                values = self.value_head(out.hidden_states[-1][:, :-1].float())
+        logits = logits.float()
+        logp = place(torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+        ent = None
+        if entropy:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef > 0):
+                ent = place(L.entropy_from_logits(logits))
+        return logp, ent, values
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
@@ -327,7 +359,8 @@ class FSDP2Backend:
         """The micro-batch's share of the mini-batch loss; stats are token-weighted sums (suffix ``_tok``)."""
         a = self.algo
         want_values = self.value_head is not None
-        logp, logits, values = self._forward(self.model, mb, want_values, window=True)
+        logp, ent_tok, values = self._forward(self.model, mb, want_values, window=True, entropy=True)
+        assert ent_tok is not None
         mask = mb.loss_mask[:, 1:]
         old = mb.old_logp[:, 1:]
         adv = mb.advantages[:, 1:]
@@ -343,8 +376,6 @@ class FSDP2Backend:
         with torch.no_grad():
             diff = (logp - old).abs() * mask
             stats["logprob_diff_tok"] = float(diff.sum())
-        with torch.set_grad_enabled(a.entropy_coef > 0):  # over the LM-head window, zero before it like logp
-            ent_tok = nn.functional.pad(L.entropy_from_logits(logits), (mask.shape[1] - logits.shape[1], 0))
         if a.entropy_coef > 0:
             ent = L.aggregate(ent_tok, mask, a.loss_agg, **agg)
             loss = loss - a.entropy_coef * ent

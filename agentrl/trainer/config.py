@@ -92,6 +92,8 @@ class ModelConfig:
     """recompute decoder-layer activations in backward to save memory"""
     cpu_offload: bool = False
     """FSDP2 CPUOffloadPolicy: keep parameters and optimizer state on the host (GPU only)"""
+    share_prompts: bool = True
+    """in the update, run the forward of a prompt that several episodes share (a group) once; one process only"""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "auto"):

@@ -412,6 +412,7 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
             be = FSDP2Backend(
                 rt.policy, cfg.algo, cfg.optim, device=rt.device, value_head=cfg.algo.algo == "ppo",
                 activation_checkpointing=cfg.model.activation_checkpointing, cpu_offload=cfg.model.cpu_offload,
+                share_prompts=cfg.model.share_prompts,
             )
             if cfg.run.resume:
                 extra = be.load(cfg.run.resume)

@@ -31,3 +31,27 @@ def fixed_batch(n: int = 8, seed: int = 1) -> TrainBatch:
         lm[i, 4:L] = 1.0  # prompt of 4 tokens, the rest sampled
     adv = torch.randn(n, 1, generator=g).expand(n, T) * lm
     return TrainBatch(ids, att, lm, torch.zeros(n, T), adv.contiguous())
+
+
+def grouped_batch(prompt_lengths: tuple[int, ...] = (5, 9, 7), group: int = 3, seed: int = 2) -> TrainBatch:
+    """GRPO-shaped rows: ``group`` rows per prompt (identical prompt tokens), completions of random lengths."""
+    g = torch.Generator().manual_seed(seed)
+    rows, sampled = [], []
+    for p in prompt_lengths:
+        prompt = torch.randint(1, VOCAB, (p,), generator=g).tolist()
+        for _ in range(group):
+            n = int(torch.randint(2, 9, (1,), generator=g))
+            rows.append(prompt + torch.randint(1, VOCAB, (n,), generator=g).tolist())
+            sampled.append(p)
+    T = max(len(r) for r in rows)
+    B = len(rows)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    att = torch.zeros(B, T, dtype=torch.long)
+    lm = torch.zeros(B, T)
+    for i, (r, p) in enumerate(zip(rows, sampled, strict=True)):
+        ids[i, : len(r)] = torch.tensor(r)
+        att[i, : len(r)] = 1
+        lm[i, p : len(r)] = 1.0
+    lm[0, sampled[0] + 1] = 0.0  # a hole in the trained tokens (a tool result inside the completion)
+    adv = torch.randn(B, 1, generator=g).expand(B, T) * lm
+    return TrainBatch(ids, att, lm, torch.zeros(B, T), adv.contiguous())

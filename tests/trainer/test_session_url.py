@@ -66,11 +66,14 @@ def _local_greedy(model: str) -> tuple[str | None, list[float]]:
         return asyncio.run(turn(SessionManager(load_tokenizer("tiny"), engine, model_name="tiny")))
 
 
-@pytest.mark.parametrize("sync", ["disk", "broadcast"])
-def test_train_through_a_session_server(sync: str, server: tuple[str, SessionManager], tmp_path) -> None:
+@pytest.mark.parametrize(("sync", "staleness"), [("disk", 0), ("broadcast", 0), ("disk", 1), ("broadcast", 1)])
+def test_train_through_a_session_server(
+    sync: str, staleness: int, server: tuple[str, SessionManager], tmp_path, slow_updates
+) -> None:
     url, manager = server
     before = httpx.get(f"{url}/metrics", timeout=10).json()
-    cfg = resolve(**SMALL, steps=2, session_url=url, weight_sync=sync, run_dir=str(tmp_path / "run"))
+    cfg = resolve(**SMALL, steps=2, session_url=url, weight_sync=sync, max_staleness=staleness,
+                  run_dir=str(tmp_path / "run"))
     summary = train(cfg, console=_quiet())
     after = httpx.get(f"{url}/metrics", timeout=10).json()
 
@@ -78,6 +81,8 @@ def test_train_through_a_session_server(sync: str, server: tuple[str, SessionMan
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["sync/version"] for r in rows] == [1.0, 2.0]
     assert manager.engine.weight_version == 2
+    # with async rollout step 1's episodes were played during step 0's update, by version 0
+    assert [r["train/staleness_max"] for r in rows] == [0.0, float(staleness)]
     if sync == "disk":
         assert (tmp_path / "run" / "weights" / "v2" / "model.safetensors").exists()
     else:  # the run left its broadcast group, so the next run can join one of the same name
