@@ -17,8 +17,9 @@ policy version old, corrected by the clipped importance ratio against its rollou
 logprob). The measured window starts at step 1 and ends after the last step's update,
 so the async side gains the head start of step 1's rollout (played during the warm-up
 update) and loses the same at the end, where the last update overlaps nothing.
-Sides alternate for ``--rounds`` rounds and the best round of each is reported, so
-load from other processes on a shared machine does not land on one side only.
+Sides alternate for ``--rounds`` rounds; the best round of each side is reported, and
+the ratio of each round's sides (run back to back) with its median, so that a change
+in the machine's speed during the run does not land on one side only.
 
     python benchmarks/trainer.py [--model tiny] [--steps 4] [--group-size 4] [--prompts 4] [--max-new-tokens 32]
 """
@@ -213,16 +214,20 @@ def main(argv: list[str] | None = None) -> int:
     batch = args.prompts * args.group_size
     print(
         f"model {args.model}, countdown, G={args.group_size}, {batch} completions/step, "
-        f"max {args.max_new_tokens} new tokens, {args.steps} measured steps, best of {args.rounds} rounds"
+        f"max {args.max_new_tokens} new tokens, {args.steps} measured steps, {args.rounds} rounds"
     )
     print()
-    print("| trainer | samples/s | mean completion tokens | max staleness | ratio |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    print(f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | {t['length']:.1f} | 0 | 1.00x |")
+    print("| trainer | samples/s (best round) | mean completion tokens | max staleness | ratio, best rounds "
+          "| ratio per round (median, min-max) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | {t['length']:.1f} | 0 | 1.00x | 1.00x |")
     for key, name in (("sync", "agentrl, synchronous (default)"), ("async", "agentrl, async rollout (--max-staleness 1)")):
         a = best[key]
+        # each round runs the three sides back to back, so its ratio sees one machine state
+        paired = sorted(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(sides[key], sides["trl"], strict=True))
         print(f"| {name} | {a['samples_per_s']:.1f} | {a['length']:.1f} | {a['stale']:.0f} | "
-              f"{a['samples_per_s'] / t['samples_per_s']:.2f}x |")
+              f"{a['samples_per_s'] / t['samples_per_s']:.2f}x | {statistics.median(paired):.2f}x "
+              f"({paired[0]:.2f}-{paired[-1]:.2f}) |")
     print()
     print("| agentrl step split (seconds) | rollout (played) | rollout (trainer waited) | train | sync | step |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
