@@ -115,8 +115,8 @@ class FSDP2Backend:
     ``value_head=True`` adds a :class:`ValueHead` (PPO). ``ref_model`` (frozen)
     enables the KL penalty. ``optimizer_factory`` defaults to AdamW. ``share_prompts``
     runs the forward of a prompt that several rows of a micro-batch share (a GRPO group)
-    once (:mod:`agentrl.trainer.prefix`; off under activation checkpointing and for the
-    critic's forward).
+    once (:mod:`agentrl.trainer.prefix`; not yet when sharded, nor under activation
+    checkpointing or with a value head).
     """
 
     def __init__(

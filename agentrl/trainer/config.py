@@ -93,7 +93,7 @@ class ModelConfig:
     cpu_offload: bool = False
     """FSDP2 CPUOffloadPolicy: keep parameters and optimizer state on the host (GPU only)"""
     share_prompts: bool = True
-    """in the update, run the forward of a prompt that several episodes share (a group) once; one process only"""
+    """in the update, run the forward of a prompt that several episodes share (a group) once (not yet under torchrun)"""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "auto"):

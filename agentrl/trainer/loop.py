@@ -14,11 +14,12 @@ Reads top to bottom::
         log, eval every N, checkpoint every N
     eval on held-out seeds; save an HF directory; plot + summary table
 
-The trainer consumes whole groups that carry per-token policy versions, so an
-asynchronous rollout producer can later feed the same step function from a queue.
-Task seeds are a pure function of the step (``step * tasks_per_step + i``), and
-sampling seeds of the (step, task, episode, turn), so a resumed run replays the
-uninterrupted one.
+The trainer consumes whole groups that carry per-token policy versions; with
+``rollout.max_staleness = K > 0`` the rollouts come from a background thread up to K
+steps ahead (:mod:`agentrl.trainer.pipeline`), and the same step function trains on
+them. Task seeds are a pure function of the step (``step * tasks_per_step + i``), and
+sampling seeds of the (step, task, episode, turn), so a resumed synchronous run
+replays the uninterrupted one.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from rich.console import Console
 from agentrl.trainer.config import resolve
 from agentrl.trainer.errors import TrainerError
 from agentrl.trainer.loop import train
-from agentrl.trainer.metrics import read_jsonl
+from agentrl.trainer.metrics import read_jsonl, summary_table
 from agentrl.trainer.pipeline import RolloutAhead
 
 
@@ -114,3 +114,6 @@ def test_async_training_trains_on_one_step_old_tokens_and_evaluates(tmp_path, sl
     assert all(r["time/rollout_wait"] <= r["time/step"] for r in steps)
     assert steps[-1]["sync/version"] == 4  # every update reached the engine
     assert s.eval_end is not None
+    out = Console(record=True, width=120)
+    out.print(summary_table(tmp_path / "metrics.jsonl"))
+    assert "staleness, max (policy versions)" in out.export_text()
