@@ -86,24 +86,22 @@ def test_two_ranks_train_like_one_process(warm_model, tmp_path):
     assert float((diff > 0.01 * moved).float().mean()) < 1e-4
 
 
-def test_tasks_must_split_across_ranks(tmp_path, capsys):
-    env = {**os.environ, "WORLD_SIZE": "3"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--env", "countdown", "--tasks-per-step", "4",
-         "--run-dir", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=120,
+def _train_as_rank_of(world: int, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """`agentrl train` as if torchrun had started it with ``world`` ranks (it stops at the config check)."""
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", "--env", "countdown", *flags, "--run-dir", str(tmp_path)],
+        env={**os.environ, "WORLD_SIZE": str(world)}, capture_output=True, text=True, timeout=120,
     )
+
+
+def test_tasks_must_split_across_ranks(tmp_path):
+    proc = _train_as_rank_of(3, tmp_path, "--tasks-per-step", "4")
     assert proc.returncode == 1
     assert "rollout.tasks_per_step=4: must be a multiple of the 3 ranks" in proc.stderr
 
 
 def test_async_rollout_is_refused_under_torchrun_before_any_model_loads(tmp_path):
-    env = {**os.environ, "WORLD_SIZE": "2"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--env", "countdown", "--max-staleness", "1",
-         "--run-dir", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )
+    proc = _train_as_rank_of(2, tmp_path, "--max-staleness", "1")
     assert proc.returncode == 1
     assert "rollout.max_staleness=1: asynchronous rollout runs with one process only" in proc.stderr
     assert "Traceback" not in proc.stderr
