@@ -37,7 +37,7 @@ from agentrl.trainer import losses as L
 from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
 from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError, CheckpointError
-from agentrl.trainer.prefix import plan_shared_prompts, scatter_columns, shared_prompt_logits
+from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys, scatter_columns, shared_prompt_logits
 
 __all__ = ["FSDP2Backend", "TrainBackend", "ValueHead", "decoder_layers", "init_distributed"]
 
@@ -320,7 +320,8 @@ class FSDP2Backend:
         num_seqs = self._all_sum(float(len(batch)))
         if num_tokens == 0:
             raise BackendError("mini-batch has no sampled tokens to train on (all loss masks are 0)")
-        groups = token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens)
+        keys = prompt_keys(batch.input_ids, batch.attention_mask, batch.loss_mask) if self.share_prompts else None
+        groups = token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens, keys)
         n_mb = self._all_max(len(groups))
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}

@@ -8,7 +8,7 @@ Rows are right-padded; padding has ``attention_mask == 0`` and ``loss_mask == 0`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -94,23 +94,36 @@ def from_trajectories(
     return TrainBatch(ids, att, lm, olp, adv, token_rewards=rew)
 
 
-def token_budget_microbatches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+def token_budget_microbatches(
+    lengths: Sequence[int], budget: int, keys: Sequence[Hashable] | None = None
+) -> list[list[int]]:
     """Split rows into micro-batches whose padded size ``rows * longest`` stays within ``budget``.
 
     Rows are taken longest first so that rows of similar length share a micro-batch
     (little padding). A row longer than the budget gets a micro-batch of its own.
+    With ``keys`` (rows with equal keys share a prompt), the rows of one key are taken
+    together (keys by their longest row, then the key's rows longest first), so a group
+    is split only where a micro-batch fills up and its shared prompt is forwarded once.
     """
-    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    if keys is None:
+        order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    else:
+        longest: dict[Hashable, int] = {}
+        first: dict[Hashable, int] = {}
+        for i, k in enumerate(keys):
+            longest[k] = max(longest.get(k, 0), int(lengths[i]))
+            first.setdefault(k, i)
+        order = sorted(range(len(lengths)), key=lambda i: (-longest[keys[i]], first[keys[i]], -int(lengths[i])))
     out: list[list[int]] = []
     cur: list[int] = []
-    longest = 0
+    widest = 0
     for i in order:
         n = int(lengths[i])
-        if cur and max(longest, n) * (len(cur) + 1) > budget:
+        if cur and max(widest, n) * (len(cur) + 1) > budget:
             out.append(cur)
-            cur, longest = [], 0
+            cur, widest = [], 0
         cur.append(i)
-        longest = max(longest, n)
+        widest = max(widest, n)
     if cur:
         out.append(cur)
     return out

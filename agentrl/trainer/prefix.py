@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PromptPlan", "plan_shared_prompts", "scatter_columns", "shared_prompt_logits"]
+__all__ = ["PromptPlan", "plan_shared_prompts", "prompt_keys", "scatter_columns", "shared_prompt_logits"]
 
 
 @dataclass
@@ -47,6 +47,15 @@ class PromptPlan:
         return len(self.prompts) * max(len(p) for p in self.prompts) + len(self.owner) * int(self.suffix_len.max())
 
 
+def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> list[tuple[int, ...]]:
+    """Each row's prompt: its tokens before ``first trained - 1`` (rows with equal prompts can share one forward)."""
+    lengths = attention_mask.sum(-1)
+    trained = loss_mask > 0
+    first = torch.where(trained.any(-1), trained.float().argmax(-1), lengths)
+    cuts = (torch.minimum(first, lengths) - 1).clamp(min=0).tolist()
+    return [tuple(row[:cut]) for row, cut in zip(input_ids.tolist(), cuts, strict=True)]
+
+
 def plan_shared_prompts(
     input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, min_saving: float = 0.2
 ) -> PromptPlan | None:
@@ -57,16 +66,11 @@ def plan_shared_prompts(
     """
     B, T = input_ids.shape
     lengths = attention_mask.sum(-1).tolist()
-    trained = loss_mask > 0
-    first = torch.where(trained.any(-1), trained.float().argmax(-1), attention_mask.sum(-1)).tolist()
-    rows = input_ids.tolist()
     index: dict[tuple[int, ...], int] = {}
     owner, prefix_len = [], []
-    for r in range(B):
-        cut = max(0, min(int(first[r]), int(lengths[r])) - 1)
-        key = tuple(rows[r][:cut])
+    for key in prompt_keys(input_ids, attention_mask, loss_mask):
         owner.append(index.setdefault(key, len(index)))
-        prefix_len.append(cut)
+        prefix_len.append(len(key))
     prompts = [list(k) for k in index]
     if len(prompts) == B or max(len(p) for p in prompts) == 0:  # nothing shared, or nothing to share
         return None

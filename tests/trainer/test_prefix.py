@@ -71,3 +71,15 @@ def test_shared_prompt_update_matches_the_plain_update(entropy_coef):
 def test_sharing_is_off_under_activation_checkpointing():
     be = FSDP2Backend(tiny_model(), AlgoConfig(), OptimConfig(), activation_checkpointing=True)
     assert not be.share_prompts
+
+
+def test_micro_batches_keep_a_group_together_when_it_fits():
+    from agentrl.trainer.batch import token_budget_microbatches
+
+    mixed = [10, 30, 12, 28, 11, 29]
+    keys = ["a", "a", "a", "b", "b", "b"]  # two groups, each with long and short rows
+    by_length = token_budget_microbatches(mixed, 90)
+    assert {frozenset(keys[i] for i in mb) for mb in by_length} == {frozenset("ab")}  # groups split
+    grouped = token_budget_microbatches(mixed, 90, keys)
+    assert grouped == [[1, 2, 0], [5, 3, 4]]  # each group whole, longest row first
+    assert all(max(mixed[i] for i in mb) * len(mb) <= 90 for mb in grouped)
