@@ -74,6 +74,11 @@ class RolloutResult:
     def episodes(self) -> list[Episode]:
         return [e for g in self.groups for e in g]
 
+    def __repr__(self) -> str:
+        # short: asyncio.run formats its main task's result (this) when it restores the SIGINT handler,
+        # every step, and the full repr of every trajectory's tokens took 2 ms for 16 episodes
+        return f"RolloutResult({len(self.groups)} groups, {len(self.episodes)} episodes, {len(self.errors)} errors)"
+
 
 class RolloutManager:
     """Runs groups of episodes of ``env_factory()`` envs through ``sessions`` (a SessionManager)."""
