@@ -148,11 +148,13 @@ class FSDP2Backend:
         hidden = int(getattr(model.config, "hidden_size", 0))
         self.value_head = ValueHead(hidden).to(self.device) if value_head else None
         self.sharded = shard == "always" or (shard == "auto" and self.world > 1)
-        # a shared prompt's forward runs once (agentrl.trainer.prefix); not under activation checkpointing,
-        # where HF turns the KV cache off, nor yet under FSDP2 sharding, which frees the weights gathered
-        # for the prompt's forward before its backward
+        # a shared prompt's forward runs once (agentrl.trainer.prefix); it needs an attention that takes
+        # an explicit 4-D mask (sdpa, eager); not under activation checkpointing, where HF turns the KV
+        # cache off, nor yet under FSDP2 sharding, which frees the weights gathered for the prompt's
+        # forward before its backward
+        attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
         self.share_prompts = (share_prompts and self._logits_to_keep and bool(self._cache_kw)
-                              and not activation_checkpointing and not self.sharded)
+                              and attn in ("sdpa", "eager") and not activation_checkpointing and not self.sharded)
         if self.sharded:
             self._shard(cpu_offload)
         self.ref_model: nn.Module | None = None

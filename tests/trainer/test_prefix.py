@@ -68,9 +68,14 @@ def test_shared_prompt_update_matches_the_plain_update(entropy_coef):
         torch.testing.assert_close(w1[k], w0[k], atol=1e-5, rtol=1e-4)
 
 
-def test_sharing_is_off_under_activation_checkpointing():
+def test_sharing_is_off_where_it_cannot_run():
+    assert FSDP2Backend(tiny_model(), AlgoConfig(), OptimConfig()).share_prompts
     be = FSDP2Backend(tiny_model(), AlgoConfig(), OptimConfig(), activation_checkpointing=True)
-    assert not be.share_prompts
+    assert not be.share_prompts  # transformers turns the KV cache off under gradient checkpointing
+    model = tiny_model()
+    model.config._attn_implementation = "flash_attention_2"  # takes no 4-D mask
+    assert not FSDP2Backend(model, AlgoConfig(), OptimConfig()).share_prompts
+    assert not FSDP2Backend(tiny_model(), AlgoConfig(), OptimConfig(), share_prompts=False).share_prompts
 
 
 def test_micro_batches_keep_a_group_together_when_it_fits():
