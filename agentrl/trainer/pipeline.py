@@ -61,8 +61,8 @@ class RolloutAhead:
 
         Call it once per step, in order, after the previous step's weights were synced.
         """
-        if step != self._next and step not in self._futures:
-            want = min(self._futures, default=self._next)
+        want = min(self._futures, default=self._next)
+        if step != want:
             raise TrainerError(f"RolloutAhead.take({step}): steps are taken in order; the next one is {want}")
         for s in range(self._next, min(step + self.max_staleness, self.end - 1) + 1):
             self._futures[s] = self._pool.submit(self._timed, s)

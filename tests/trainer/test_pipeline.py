@@ -93,6 +93,10 @@ def test_steps_are_taken_in_order_and_k_zero_is_the_synchronous_loop():
     try:
         with pytest.raises(TrainerError, match=r"take\(3\): steps are taken in order; the next one is 0"):
             ahead.take(3)
+        assert ahead.take(0)[0] == 0  # queues steps 0 and 1
+        with pytest.raises(TrainerError, match=r"take\(2\): steps are taken in order; the next one is 1"):
+            ahead.take(2)
+        assert ahead.take(1)[0] == 1
     finally:
         ahead.close()
 
