@@ -111,11 +111,11 @@ def shared_prompt_logits(
             ids[u, P - len(p):] = torch.tensor(p)
             real[u, P - len(p):] = True
     ids, real = ids.to(device), real.to(device)
-    neg = torch.finfo(torch.float32).min
+    dtype = next(model.parameters()).dtype
+    neg = torch.finfo(dtype).min
     causal = torch.ones((P, P), dtype=torch.bool, device=device).tril()
     allowed = causal[None] & real[:, None, :]
     allowed |= torch.eye(P, dtype=torch.bool, device=device)[None]  # padding queries see themselves (no NaN)
-    dtype = next(model.parameters()).dtype
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, neg)[:, None]
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)
     cache = _cache([])
@@ -135,7 +135,9 @@ def shared_prompt_logits(
     seen_prompt = real.index_select(0, owner)  # each row sees its own prompt's columns
     allowed_s = torch.cat([seen_prompt[:, None, :].expand(B, S, P), (q[None, :] <= q[:, None])[None].expand(B, S, S)], -1)
     mask_s = torch.zeros(allowed_s.shape, dtype=dtype, device=device).masked_fill_(~allowed_s, neg)[:, None]
-    out = model(input_ids=ids_s, attention_mask=mask_s, position_ids=cols, use_cache=True, **{cache_kw: _cache(kv)})
+    # padding positions past the row's end get position T - 1 (their outputs are dropped)
+    out = model(input_ids=ids_s, attention_mask=mask_s, position_ids=cols.clamp(max=T - 1), use_cache=True,
+                **{cache_kw: _cache(kv)})
     # unscored positions go to distinct columns past T - 2, which the caller drops
     return out.logits, targets, torch.where(scored, cols, T - 1 + q[None])
 
