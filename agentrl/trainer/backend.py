@@ -189,7 +189,7 @@ class FSDP2Backend:
 
     def _forward(
         self, model: nn.Module, mb: TrainBatch, want_values: bool = False, window: bool = False,
-        entropy: bool = False,
+        entropy: bool = False, prompts: list[tuple[int, ...]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(logp, entropy | None, values | None), each (B, T-1): column t - 1 scores token t.
 
@@ -198,13 +198,14 @@ class FSDP2Backend:
         only; with a large vocabulary and long prompts these logits are most of the cost),
         and rows that share a prompt (a GRPO group) run its forward once
         (:mod:`agentrl.trainer.prefix`). ``logp`` and ``entropy`` are then zero on the
-        prompt. ``entropy`` is the policy's per-token entropy, differentiable only when the
-        entropy bonus is on.
+        prompt. ``prompts`` are the rows' :func:`~agentrl.trainer.prefix.prompt_keys` when the
+        caller has them. ``entropy`` is the policy's per-token entropy, differentiable only
+        when the entropy bonus is on.
         """
         T = mb.input_ids.shape[1]
         plan = None
         if window and self.share_prompts and not want_values:
-            plan = plan_shared_prompts(mb.input_ids, mb.attention_mask, mb.loss_mask)
+            plan = plan_shared_prompts(mb.input_ids, mb.attention_mask, mb.loss_mask, keys=prompts)
         values = None
         if plan is not None:
             logits, targets, cols = shared_prompt_logits(model, mb.input_ids, plan, self._cache_kw)
@@ -322,17 +323,19 @@ class FSDP2Backend:
         num_seqs = self._all_sum(float(len(batch)))
         if num_tokens == 0:
             raise BackendError("mini-batch has no sampled tokens to train on (all loss masks are 0)")
-        keys = prompt_keys(batch.input_ids, batch.attention_mask, batch.loss_mask) if self.share_prompts else None
+        # each row's prompt, computed once: it packs micro-batches by group and plans their shared forwards
+        shares = self.share_prompts and self.value_head is None
+        keys = prompt_keys(batch.input_ids, batch.attention_mask, batch.loss_mask) if shares else None
         groups = token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens, keys)
         n_mb = self._all_max(len(groups))
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         for i in range(n_mb):
-            if i < len(groups):
-                mb, weight = batch.select(groups[i]).to(self.device), 1.0
-            else:  # keep collectives matched across ranks
-                mb, weight = batch.select([0]).to(self.device), 0.0
-            loss, stats = self._sft_loss(mb, num_tokens) if sft else self._micro_loss(mb, num_tokens, num_seqs)
+            rows, weight = (groups[i], 1.0) if i < len(groups) else ([0], 0.0)  # 0: keep collectives matched
+            mb = batch.select(rows).to(self.device)
+            prompts = [keys[j] for j in rows] if keys is not None else None
+            loss, stats = (self._sft_loss(mb, num_tokens, prompts) if sft
+                           else self._micro_loss(mb, num_tokens, num_seqs, prompts))
             (loss * weight * self.world).backward()
             if weight:
                 for k, v in stats.items():
@@ -350,19 +353,23 @@ class FSDP2Backend:
         out["lr"] = float(self.scheduler.get_last_lr()[0])
         return out
 
-    def _sft_loss(self, mb: TrainBatch, num_tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-        logp, _, _ = self._forward(self.model, mb, window=True)
+    def _sft_loss(
+        self, mb: TrainBatch, num_tokens: float, prompts: list[tuple[int, ...]] | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        logp, _, _ = self._forward(self.model, mb, window=True, prompts=prompts)
         mask = mb.loss_mask[:, 1:]
         loss = -(logp * mask).sum() / num_tokens
         with torch.no_grad():
             correct = float(((logp > -0.6931) * mask).sum())  # p > 1/2: the token is the argmax
         return loss, {"loss": float(loss.detach()), "token_acc_tok": correct}
 
-    def _micro_loss(self, mb: TrainBatch, num_tokens: float, num_seqs: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_loss(
+        self, mb: TrainBatch, num_tokens: float, num_seqs: float, prompts: list[tuple[int, ...]] | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the mini-batch loss; stats are token-weighted sums (suffix ``_tok``)."""
         a = self.algo
         want_values = self.value_head is not None
-        logp, ent_tok, values = self._forward(self.model, mb, want_values, window=True, entropy=True)
+        logp, ent_tok, values = self._forward(self.model, mb, want_values, window=True, entropy=True, prompts=prompts)
         assert ent_tok is not None
         mask = mb.loss_mask[:, 1:]
         old = mb.old_logp[:, 1:]

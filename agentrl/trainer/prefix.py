@@ -57,18 +57,19 @@ def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask
 
 
 def plan_shared_prompts(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, min_saving: float = 0.2
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, min_saving: float = 0.2,
+    keys: list[tuple[int, ...]] | None = None,
 ) -> PromptPlan | None:
     """The split of a micro-batch into shared prompts, or ``None`` when it would not save ``min_saving`` of the work.
 
-    Every row's prompt is its tokens before ``first trained - 1``; rows with identical
-    prompts share one.
+    Every row's prompt is its tokens before ``first trained - 1`` (:func:`prompt_keys`, or
+    ``keys`` when the caller computed them); rows with identical prompts share one.
     """
     B, T = input_ids.shape
     lengths = attention_mask.sum(-1).tolist()
     index: dict[tuple[int, ...], int] = {}
     owner, prefix_len = [], []
-    for key in prompt_keys(input_ids, attention_mask, loss_mask):
+    for key in keys if keys is not None else prompt_keys(input_ids, attention_mask, loss_mask):
         owner.append(index.setdefault(key, len(index)))
         prefix_len.append(len(key))
     prompts = [list(k) for k in index]
