@@ -1,15 +1,17 @@
 """GRPO training throughput: agentrl vs TRL's ``GRPOTrainer`` on the same model, task and shapes.
 
 Both sides train the same tiny model (same initial weights, float32, CPU) on the
-countdown task (single turn; the prompt is the env's, rendered with the model's
+countdown task at the demo's setting (``DEMO_PRESETS``: two numbers up to 5, ``+``;
+single turn; the same env kwargs on both sides, the prompt rendered with the model's
 chat template), with the same group size G, the same number of completions per
 optimizer step, the same maximum completion length (generation stops at the
 model's end-of-turn token on both sides), temperature 1, no KL term (beta = 0), one
 optimizer update per batch, and the env's own reward. A "sample" is one completion
 that went through generation, reward and a gradient update; samples/s counts
 ``steps * batch`` over the wall time of the measured steps (a warm-up step is
-excluded on both sides). agentrl's number is the whole loop: rollout through the
-session manager and the engine, the update, and the weight sync into the engine.
+excluded on both sides). agentrl's number is ``agentrl train``'s own loop
+(:func:`agentrl.trainer.loop.train`, timed by its ``time/*`` metrics): rollout through
+the session manager and the engine, the update, and the weight sync into the engine.
 agentrl runs twice: synchronous (the default: each step rolls out with the latest
 weights, like TRL) and with asynchronous rollout at ``--max-staleness 1`` (the next
 step's episodes play while the trainer updates; every trained token is at most one
@@ -27,6 +29,7 @@ in the machine's speed during the run does not land on one side only.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
 import sys
@@ -41,68 +44,37 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def agentrl_round(args: argparse.Namespace, model_dir: str, max_staleness: int = 0) -> dict[str, Any]:
-    from agentrl.trainer.backend import FSDP2Backend
+def _config(args: argparse.Namespace, model_dir: str, **overrides: Any) -> Any:
+    """The agentrl run both sides are held to (countdown's demo task, the benchmark's shapes)."""
     from agentrl.trainer.config import resolve
-    from agentrl.trainer.loop import _train_step, build_runtime
-    from agentrl.trainer.pipeline import RolloutAhead
-    from agentrl.trainer.weight_sync import InProcessSync
 
-    cfg = resolve(
-        model=model_dir,
-        group_size=args.group_size,
-        tasks_per_step=args.prompts,
-        max_new_tokens=args.max_new_tokens,
-        lr=1e-5,
-        clip_high=0.2,
-        threads=args.threads,
-        sft_steps=0,
-        max_staleness=max_staleness,
+    return resolve(
+        model=model_dir, group_size=args.group_size, tasks_per_step=args.prompts,
+        max_new_tokens=args.max_new_tokens, lr=1e-5, clip_high=0.2, threads=args.threads, sft_steps=0,
+        steps=args.steps + 1, eval_every=0, eval_episodes=1, progress=False, tensorboard=False, **overrides,
     )
-    rt = build_runtime(cfg)
-    be = FSDP2Backend(rt.policy, cfg.algo, cfg.optim, device="cpu")
-    sync = InProcessSync(rt.engine)
 
-    def rollout(step: int) -> Any:
-        seeds = [step * args.prompts + i for i in range(args.prompts)]
-        return rt.rollout.run(seeds, args.group_size, 1.0, salt=step)
 
-    # the loop of `agentrl train`: with max_staleness > 0 the next step's rollout plays during the update
-    ahead = (RolloutAhead(rollout, first=0, end=args.steps + 1, max_staleness=max_staleness, timeout_s=300)
-             if max_staleness else None)
-    split: dict[str, list[float]] = {"rollout": [], "wait": [], "train": [], "sync": [], "length": [], "stale": []}
-    try:
-        t_start = 0.0
-        for step in range(args.steps + 1):
-            if step == 1:
-                t_start = time.perf_counter()
-            t0 = time.perf_counter()
-            if ahead is not None:
-                res, played = ahead.take(step)
-            else:
-                res = rollout(step)
-                played = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            stats = _train_step(cfg, rt, be, res.groups)
-            t2 = time.perf_counter()
-            sync.push(be.state_dict())
-            t3 = time.perf_counter()
-            if step >= 1:
-                split["rollout"].append(played)
-                split["wait"].append(t1 - t0)
-                split["train"].append(t2 - t1)
-                split["sync"].append(t3 - t2)
-                split["length"].append(res.metrics["rollout/completion_tokens"])
-                split["stale"].append(stats.get("train/staleness_max", 0.0))
-        wall = time.perf_counter() - t_start
-    finally:
-        if ahead is not None:
-            ahead.close()
-        rt.close()
-    out: dict[str, Any] = {k: statistics.mean(v) for k, v in split.items()}
-    out["stale"] = max(split["stale"])
-    out["samples_per_s"] = args.steps * args.prompts * args.group_size / wall
-    out["step"] = wall / args.steps
+def agentrl_round(args: argparse.Namespace, model_dir: str, max_staleness: int = 0) -> dict[str, Any]:
+    """`agentrl train` itself (its loop, metrics and weight sync); steps after the warm-up one are measured."""
+    from rich.console import Console
+
+    from agentrl.trainer.loop import train
+    from agentrl.trainer.metrics import read_jsonl
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        train(_config(args, model_dir, max_staleness=max_staleness, run_dir=run_dir),
+              console=Console(file=io.StringIO()))
+        rows = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r["kind"] == "train"][1:]
+    # time/step runs from the wait for a step's rollout to the end of its weight sync, so the steps
+    # tile the loop's wall time (less its logging)
+    wall = sum(r["time/step"] for r in rows)
+    keys = {"rollout": "time/rollout", "wait": "time/rollout_wait", "train": "time/train", "sync": "time/sync",
+            "length": "rollout/completion_tokens"}
+    out: dict[str, Any] = {k: statistics.mean(r[key] for r in rows) for k, key in keys.items()}
+    out["stale"] = max(r.get("train/staleness_max", 0.0) for r in rows)
+    out["samples_per_s"] = len(rows) * args.prompts * args.group_size / wall
+    out["step"] = wall / len(rows)
     return out
 
 
@@ -116,7 +88,7 @@ def trl_round(args: argparse.Namespace, model_dir: str) -> dict[str, Any]:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
-    env = make("countdown")
+    env = make("countdown", **_config(args, model_dir).rollout.env_kwargs)  # the task agentrl's side plays
     rows = []
     for seed in range(args.prompts * (args.steps + 1)):
         msgs, info = env.reset(seed=seed)
