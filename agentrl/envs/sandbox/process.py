@@ -4,8 +4,14 @@ What holds (checked by ``tests/envs/sandbox/test_redteam.py``):
 
 * **namespaces**: every one unshared (user, pid, net, ipc, uts, mount, cgroup); nested user
   namespaces disabled; the executor is PID 1, so the code cannot signal it.
-* **identity**: uid/gid 65534 inside; when the host process is root, bubblewrap itself runs as
-  host uid 65534 too, so even an escape lands unprivileged. No capabilities.
+* **identity**: uid/gid 65534 inside. When the host process is root, each sandbox (bubblewrap
+  included) runs as its own host uid from :mod:`.uids`, so even an escape lands unprivileged and
+  per-user kernel quotas (inotify instances, mqueue bytes, ``RLIMIT_NPROC``) are per sandbox; the
+  uid is reused only after the sandbox is gone. Without root every sandbox runs as the caller and
+  shares its per-user quotas. No capabilities.
+* **syscalls**: a seccomp filter (:mod:`.seccomp`) refuses keyctl/add_key/request_key, so no
+  sandbox sees or shares a keyring (the host's session keyring included), and io_uring, bpf,
+  perf_event_open, userfaultfd, kexec_load, open_by_handle_at.
 * **file system**: ``/usr`` (and the ``/bin``, ``/lib`` links) read-only; no ``/etc``, ``/home``,
   ``/root`` or checkout; private ``/proc`` and ``/dev``; ``/work`` and ``/tmp`` are size-capped tmpfs.
 * **network**: a private namespace with loopback only: the host's 127.0.0.1, outside addresses
@@ -30,7 +36,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.sandbox import cgroups
+from agentrl.envs.sandbox import cgroups, seccomp
 from agentrl.envs.sandbox.base import (
     EXECUTOR_IN_SANDBOX,
     READY_TIMEOUT_S,
@@ -40,6 +46,7 @@ from agentrl.envs.sandbox.base import (
 )
 from agentrl.envs.sandbox.errors import SandboxLost, SandboxUnavailable
 from agentrl.envs.sandbox.types import Limits
+from agentrl.envs.sandbox.uids import allocator as uid_allocator
 
 __all__ = ["ProcessBackend"]
 
@@ -81,21 +88,87 @@ class _Spawner:
         return fut.result()
 
 
-class _ProcessChannel(LineChannel):
-    """The stdin/stdout pipes of one bwrap process."""
+POSTMORTEM_WAIT_S = 1.0
+"""Seconds :meth:`_ProcessChannel.postmortem` waits for a broken sandbox's bwrap to end."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], cgroup: cgroups.SandboxCgroup | None) -> None:
-        self.proc, self.cgroup = proc, cgroup
+
+def _oom_kills(cgroup: cgroups.SandboxCgroup | None) -> int | None:
+    """The cgroup's OOM-kill counter (``oom_kill N`` in v1 ``memory.oom_control`` / v2
+    ``memory.events``), or None without a cgroup or a counter (kernels before 4.13 on v1)."""
+    if cgroup is None:
+        return None
+    try:
+        text = cgroup.counter_files()["memory.oom_control"].read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+class _ProcessChannel(LineChannel):
+    """The stdin/stdout pipes of one bwrap process, its cgroup and its host uid.
+
+    ``uid`` is the host uid the sandbox runs as when it was drawn from :mod:`.uids` (None when the
+    host is not root); :meth:`destroy` releases it once bwrap and the cgroup are gone, and keeps
+    it reserved otherwise, so two live sandboxes never share a uid.
+    """
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], cgroup: cgroups.SandboxCgroup | None, uid: int | None = None
+    ) -> None:
+        self.proc, self.cgroup, self.uid = proc, cgroup, uid
         assert proc.stdin is not None and proc.stdout is not None
         self._in, self._out = proc.stdin, proc.stdout.fileno()
         os.set_blocking(self._out, False)
         self._buf = b""
         self._destroyed = False
+        self._oom_baseline = _oom_kills(cgroup)
+        self._exit_at_destroy: int | None = None
+        self._oom_at_destroy: int | None = None
 
     def describe(self) -> str:
         return f"bwrap pid {self.proc.pid}"
 
+    def postmortem(self) -> str:
+        """Who broke this channel: ``"infra"``, ``"memory"`` or ``"model"``.
+
+        Call it after the channel broke (EOF, garbage, a missed deadline) and before
+        :meth:`destroy`. It waits up to ``POSTMORTEM_WAIT_S`` for bwrap to end on its own (it kills
+        nothing), then judges only from evidence the model's code cannot forge:
+
+        * ``"memory"``: the sandbox's cgroup OOM-killed something since the last request was sent
+          (the code exhausted its memory limit, possibly taking the executor with it);
+        * ``"infra"``: bwrap itself ended by a signal. Nothing inside the sandbox can signal bwrap,
+          which lives outside the sandbox's pid namespace, so the host or the machine did it;
+        * ``"model"``: anything else: bwrap exited on its own because the executor died or broke
+          its protocol, or bwrap is still running after the wait (a wedged executor): all things
+          the model's code can cause.
+
+        Called after :meth:`destroy` it judges from what ``destroy`` saw before it killed bwrap
+        (a bwrap still running then counts as ``"model"``). Never raises.
+        """
+        if self._destroyed:
+            code, oom = self._exit_at_destroy, self._oom_at_destroy
+        else:
+            try:
+                code = self.proc.wait(timeout=POSTMORTEM_WAIT_S)
+            except subprocess.TimeoutExpired:
+                return "model"
+            oom = _oom_kills(self.cgroup)
+        if code is None:
+            return "model"
+        if oom is not None and self._oom_baseline is not None and oom > self._oom_baseline:
+            return "memory"
+        return "infra" if code < 0 else "model"
+
     def send(self, data: bytes) -> None:
+        """Send one request; the OOM baseline of :meth:`postmortem` moves to now."""
+        count = _oom_kills(self.cgroup)
+        if count is not None:
+            self._oom_baseline = count
         try:
             self._in.write(data)
             self._in.flush()
@@ -129,18 +202,25 @@ class _ProcessChannel(LineChannel):
         if self._destroyed:
             return
         self._destroyed = True
+        self._exit_at_destroy, self._oom_at_destroy = self.proc.poll(), _oom_kills(self.cgroup)
         with contextlib.suppress(OSError, ValueError):
             self._in.close()
         with contextlib.suppress(OSError):
             self.proc.kill()  # --die-with-parent takes the namespace down with it
-        if self.cgroup is not None:
-            self.cgroup.destroy()
+        emptied = self.cgroup.destroy() if self.cgroup is not None else True
+        gone = False
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=2.0)
+            gone = True
         for f in (self.proc.stdout, self.proc.stderr):
             with contextlib.suppress(OSError):
                 if f is not None:
                     f.close()
+        if self.uid is not None and gone and emptied:
+            # Only now can no process of this sandbox still hold the uid; a sandbox that would not
+            # die keeps it reserved (one slot fewer), never shared with the next sandbox.
+            uid_allocator.release(self.uid)
+            self.uid = None
 
 
 _COMPILE = (
@@ -209,6 +289,7 @@ class ProcessBackend:
             cgroups.reap_orphans(self.cgroups)
         self._as_nobody = os.geteuid() == 0
         self._setpriv = shutil.which("setpriv")
+        self._seccomp = seccomp.filter_program()
         self._base_args = self._bwrap_args()
 
     @property
@@ -224,6 +305,14 @@ class ProcessBackend:
             "file_size": "RLIMIT_FSIZE",
             "disk": "tmpfs size",
             "output": "executor",
+            "keyring": "seccomp refuses keyctl/add_key/request_key"
+            if self._seccomp is not None
+            else f"NOT enforced (no seccomp filter for {os.uname().machine}: sandboxes share the "
+            "caller's session keyring)",
+            "uid": "a distinct host uid per sandbox"
+            if self._as_nobody
+            else f"NOT distinct (not root: every sandbox runs as the caller, uid {os.geteuid()}, and "
+            "shares its per-user quotas)",
         }
 
     def _bwrap_args(self) -> list[str]:
@@ -295,13 +384,17 @@ class ProcessBackend:
                 cgroup = self.cgroups.create(self.limits.memory_bytes, self.limits.pids, self.limits.cpus)
             except OSError as e:
                 raise SandboxUnavailable(f"could not create a cgroup for the sandbox: {e}") from None
+        uid: int | None = None
         try:
-            proc = _Spawner.get().call(lambda: self._spawn(cgroup))
-            channel = _ProcessChannel(proc, cgroup)
+            uid = uid_allocator.acquire() if self._as_nobody else None
+            proc = _Spawner.get().call(lambda: self._spawn(cgroup, uid))
         except BaseException:
             if cgroup is not None:
                 cgroup.destroy()
+            if uid is not None:  # no process ever ran as it
+                uid_allocator.release(uid)
             raise
+        channel = _ProcessChannel(proc, cgroup, uid)
         try:
             line = channel.recv_line(time.monotonic() + READY_TIMEOUT_S, 1 << 16)
             if b'"ready": true' not in line:
@@ -321,10 +414,19 @@ class ProcessBackend:
             ) from None
         return Sandbox(self.name, channel, self.limits, f"bwrap-{proc.pid}")
 
-    def _spawn(self, cgroup: cgroups.SandboxCgroup | None) -> subprocess.Popen[bytes]:
+    def _spawn(self, cgroup: cgroups.SandboxCgroup | None, uid: int | None) -> subprocess.Popen[bytes]:
+        """Start bwrap (as host ``uid`` when given) with the executor and the seccomp filter on fds."""
+        args = list(self._base_args)
         r, w = os.pipe()
         pass_fds = [r]
-        args = list(self._base_args)
+        if self._seccomp is not None:
+            # bwrap reads the filter to EOF before it forks; it is far below a pipe's capacity, so
+            # writing it all now cannot block.
+            sr, sw = os.pipe()
+            pass_fds.append(sr)
+            with os.fdopen(sw, "wb") as f:
+                f.write(self._seccomp)
+            args += ["--seccomp", str(sr)]
         args += ["--perms", "0444", "--ro-bind-data", str(r), self._executor_path]
         if cgroup is not None:
             for name, path in cgroup.counter_files().items():
@@ -332,18 +434,13 @@ class ProcessBackend:
                     args += ["--ro-bind", str(path), f"/run/agentrl/{name}"]
         args += ["--remount-ro", "/dev", "--remount-ro", "/", self.python, "-I", "-S", self._executor_path]
         kw: dict[str, Any] = {}
-        if self._as_nobody and self._setpriv:
-            # Dropping to uid 65534 by exec'ing setpriv keeps Popen on its vfork path; Popen(user=...)
-            # would fork this whole process, which costs tens of ms in a trainer holding GBs.
-            args = [
-                self._setpriv,
-                f"--reuid={SANDBOX_UID}",
-                f"--regid={SANDBOX_UID}",
-                "--clear-groups",
-                *args,
-            ]
-        elif self._as_nobody:
-            kw = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []}
+        if uid is not None and self._setpriv:
+            # Dropping to the sandbox's uid by exec'ing setpriv keeps Popen on its vfork path;
+            # Popen(user=...) would fork this whole process, which costs tens of ms in a trainer
+            # holding GBs. Inside the namespace the uid is still SANDBOX_UID (--uid/--gid).
+            args = [self._setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *args]
+        elif uid is not None:
+            kw = {"user": uid, "group": uid, "extra_groups": []}
         try:
             proc = subprocess.Popen(
                 args,
@@ -354,8 +451,12 @@ class ProcessBackend:
                 close_fds=True,
                 **kw,
             )
+        except BaseException:
+            os.close(w)
+            raise
         finally:
-            os.close(r)
+            for fd in pass_fds:
+                os.close(fd)
         with os.fdopen(w, "wb") as f:
             f.write(self._source)
         return proc
