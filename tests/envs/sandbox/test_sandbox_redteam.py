@@ -341,13 +341,15 @@ def test_reset_wipes_files_processes_and_the_interpreter(sandbox: Sandbox) -> No
 
 
 def test_process_sandbox_is_unprivileged_on_the_host_too() -> None:
-    """Seen from the host, bubblewrap and everything under it run as uid 65534 with no capabilities,
-    so even a namespace escape would land unprivileged."""
+    """Seen from the host, bubblewrap and everything under it run as the sandbox's own unprivileged
+    uid (drawn from the sandbox uid block, never root) with no capabilities and no groups, so even a
+    namespace escape would land unprivileged."""
     import os
 
     from sandbox_helpers import get_backend
 
     from agentrl.envs.sandbox.process import _descendants
+    from agentrl.envs.sandbox.uids import BASE
 
     if os.geteuid() != 0:
         pytest.skip("the host process is not root, so the sandbox already runs as this unprivileged user")
@@ -357,7 +359,9 @@ def test_process_sandbox_is_unprivileged_on_the_host_too() -> None:
         assert len(pids) == 2  # bwrap and the executor
         for pid in pids:
             status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-            assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+            uid = sb._channel.uid  # type: ignore[attr-defined]
+            assert uid is not None and uid >= BASE, uid
+            assert status["Uid"].split() == [str(uid)] * 4 and status["Gid"].split() == [str(uid)] * 4
             assert int(status["CapEff"], 16) == 0 and status["Groups"].strip() == ""
     finally:
         sb.close()
