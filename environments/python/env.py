@@ -12,9 +12,12 @@ env generated: nothing the code writes in the sandbox (a ``reward.txt``, a patch
 ever read, and the sandbox is wiped between episodes. The oracle runs the reference solution
 once, then answers with the gold value.
 
-If the sandbox itself fails (``sandbox_lost``: an infrastructure failure, not the model's),
-``step`` raises :class:`~agentrl.envs.sandbox.SandboxLost` instead of answering the model: the
-episode's interpreter state is gone, so the episode cannot go on faithfully and must not be
+Whatever the model's code does to its sandbox (floods, OOM, killing or wedging what it can
+reach) comes back to the model as a tool result with its reason, and the episode is scored as
+usual: the sandbox layer replaces a sandbox the code brought down. Only when the host has
+evidence that the infrastructure failed (``sandbox_lost``, or no sandbox can be started) does
+``step`` raise :class:`~agentrl.envs.sandbox.SandboxLost` instead of answering the model: the
+episode's interpreter state is gone through no fault of the model, so the episode must not be
 scored. The trainer's rollout retries such an episode on a fresh env with the same seed.
 """
 
@@ -85,6 +88,7 @@ def format_result(r: ExecResult) -> str:
         "file_size": "stopped: file size limit",
         "disk_full": "stopped: disk full",
         "signal": f"killed by signal {r.signal}",
+        "crashed": "the code brought its sandbox down; it was replaced",
         "sandbox_lost": "the sandbox failed",
     }[r.reason]
     parts = [f"[{status}]"]
@@ -172,16 +176,19 @@ class PythonEnv(ToolEnv):
         if not code.strip():
             raise ToolError("code is empty; pass Python source such as print(2 + 2)")
         try:
-            r = self._lease().session().run(code)
+            sandbox = self._lease()
+            replacements = sandbox.replacements
+            r = sandbox.session().run(code)
         except SandboxInputError as e:  # the model's input (e.g. a NUL byte): it sees why
             raise ToolError(str(e)) from None
         except SandboxError as e:  # lost, expired, or the backend cannot run: never the model's fault
             self._infra_failure = e
             r = None
         if r is not None and not r.infra_error:
-            replaced, self._replaced = self._replaced, False
+            replaced = self._replaced or sandbox.replacements > replacements
+            self._replaced = False
             note = (
-                "[the sandbox was replaced after the last time limit: variables are gone]\n"
+                "[the sandbox was replaced after the last call brought it down: variables are gone]\n"
                 if replaced
                 else ""
             )

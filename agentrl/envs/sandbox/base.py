@@ -8,10 +8,18 @@ holds even if the executor is wedged, and :class:`Sandbox`, the object callers u
 Invariants:
 
 * Every ``run`` returns within ``timeout + HOST_GRACE_S`` seconds. If the executor has not
-  answered by then, the sandbox is destroyed and the result is ``timeout``.
-* A sandbox that died or spoke garbage is destroyed and reported as ``sandbox_lost`` (an
-  infrastructure failure), never as something the code did.
-* Input is validated here, before any byte crosses the boundary.
+  answered by then, the sandbox is destroyed and the result is ``timeout`` (a wedged executor is
+  something the code can cause).
+* Only the host decides that a failure is the infrastructure's (``sandbox_lost``), and only from
+  evidence the code cannot produce: the channel's :meth:`Channel.postmortem`. A sandbox the code
+  brought down (OOM, a broken executor) is a classified result (``memory``, ``crashed``), and the
+  sandbox is replaced before its next run, so no code can void its own episode.
+* Every field of a result is checked here for type and size; the executor's reply is bounded
+  (output and files are capped in bytes inside the sandbox) and a reply past that bound is the
+  executor's failure, judged by the postmortem like any other.
+* Input is validated here, before any byte crosses the boundary; sizes are counted in bytes.
+* :meth:`Sandbox.reset` replaces the sandbox by a fresh one (new namespaces or container, empty
+  scratch, memory at its baseline), so nothing survives from before the reset.
 """
 
 from __future__ import annotations
@@ -24,11 +32,11 @@ import os
 import select
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from agentrl.envs.sandbox.errors import SandboxInputError, SandboxLost
+from agentrl.envs.sandbox.errors import SandboxError, SandboxInputError, SandboxLost
 from agentrl.envs.sandbox.types import STOP_REASONS, ExecResult, Limits
 
 __all__ = ["HOST_GRACE_S", "Channel", "Sandbox", "executor_source", "validate_run"]
@@ -72,6 +80,22 @@ class Channel(Protocol):
         ...
 
     def describe(self) -> str: ...
+
+    def postmortem(self) -> Verdict:
+        """Who broke this channel, judged only from evidence the code inside cannot produce.
+
+        ``"memory"``: the sandbox's memory limit killed something since the last request (the
+        code exhausted it); ``"infra"``: the sandbox was ended from outside (a host signal to
+        bwrap, the Docker engine gone or the container removed by someone else); ``"model"``:
+        anything else the code can cause (its executor died, wedged or broke protocol). Called
+        after the channel broke, before or after :meth:`destroy`; never raises.
+        """
+        ...
+
+
+Verdict = Literal["infra", "memory", "model"]
+Respawn = Callable[[], "tuple[Channel, str]"]
+"""Starts a fresh sandbox of the same backend and limits: its channel and its ident."""
 
 
 class LineChannel:
@@ -143,6 +167,11 @@ def _check_rel_path(name: Any) -> str:
     return name
 
 
+def _wire(req: dict[str, Any]) -> bytes:
+    """One request as it crosses the boundary: a line of JSON in UTF-8."""
+    return json.dumps(req, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
 def validate_run(
     limits: Limits,
     code: Any,
@@ -166,7 +195,6 @@ def validate_run(
     else:
         req["cmd"] = _text_field(cmd, "cmd")
     req["stdin"] = _text_field(stdin if stdin is not None else "", "stdin", allow_empty=True)
-    total = len(req.get("code") or req.get("cmd") or "") + len(req["stdin"])
     enc: dict[str, str] = {}
     for name, content in (files or {}).items():
         _check_rel_path(name)
@@ -176,14 +204,16 @@ def validate_run(
             data = bytes(content)
         else:
             raise SandboxInputError(f"files[{name!r}] must be str or bytes, got {type(content).__name__}")
-        total += len(data)
         enc[name] = base64.b64encode(data).decode("ascii")
+    req["files"] = enc
+    # Counted as the executor receives it: UTF-8 bytes after JSON escaping and base64.
+    total = len(_wire(req))
     if total > limits.max_input_bytes:
         raise SandboxInputError(
-            f"input is {total} bytes (code + stdin + files), over the limit of {limits.max_input_bytes}; "
-            "send less, or raise Limits(max_input=...)"
+            f"input is {total} bytes as sent to the sandbox (code + stdin + base64 files, UTF-8 and "
+            f"JSON-escaped), over the limit of {limits.max_input_bytes}; send less, or raise "
+            "Limits(max_input=...)"
         )
-    req["files"] = enc
     req["return_files"] = [_check_rel_path(n) for n in return_files]
     if timeout is None:
         timeout = limits.timeout
@@ -202,21 +232,42 @@ def validate_run(
     return req
 
 
+class _Broken(Exception):
+    """The channel broke under a request: EOF, garbage, a reply past its bound, or a missed deadline."""
+
+    def __init__(self, what: str, verdict: Verdict, timed_out: bool = False) -> None:
+        super().__init__(what)
+        self.verdict, self.timed_out = verdict, timed_out
+
+
+EXEC_REASONS = frozenset(STOP_REASONS) - {"sandbox_lost", "crashed"}
+"""Stop reasons the executor may report; ``crashed`` and ``sandbox_lost`` are the host's alone."""
+_EXC_NAME_MAX = 200
+_ERROR_MAX = 300
+
+
 class Sandbox:
     """One live sandbox: run code or commands in it, keep a persistent interpreter, reset, close.
 
     Not thread-safe: one episode owns a sandbox at a time (a pool hands out leases). Files written
-    by one run stay in ``/work`` for the next run until :meth:`reset`.
+    by one run stay in ``/work`` for the next run until :meth:`reset`. When the code brings the
+    sandbox down (its result says ``memory``, ``crashed`` or ``timeout`` with ``session_ended``),
+    the next call runs in a fresh sandbox started by ``respawn``; ``replacements`` counts them.
     """
 
-    def __init__(self, backend: str, channel: Channel, limits: Limits, ident: str) -> None:
+    def __init__(
+        self, backend: str, channel: Channel, limits: Limits, ident: str, *, respawn: Respawn | None = None
+    ) -> None:
         self.backend, self.limits, self.ident = backend, limits, ident
         self._channel = channel
+        self._respawn = respawn
         self._next_id = 0
         self._lock = threading.Lock()
         self.closed = False
         self.lost = False
         self.uses = 0
+        self.replacements = 0
+        self._broken = False  # the code brought the current sandbox down: replace it before the next call
         self.created_at = time.monotonic()
         self.lease_deadline: float | None = None
         self.expired = False
@@ -244,50 +295,51 @@ class Sandbox:
     ) -> ExecResult:
         """Run Python ``code`` (a fresh interpreter state, or the persistent one) or a shell ``cmd``.
 
-        ``files`` are written into the work dir first (relative paths); ``return_files`` are read
-        back after the run. ``stdin`` feeds one-shot runs and commands; a persistent interpreter
-        reads the ``stdin`` of the run that started it. Raises SandboxInputError for bad input, SandboxLost if the sandbox was
-        already gone before the call, LeaseExpired after a pool lease ran out. Everything else is in
-        the result, including a sandbox that dies during the run (``reason="sandbox_lost"``).
+        ``files`` are written into the work dir first (relative paths; whatever the code left at
+        such a path, a directory, a link or a FIFO, is replaced); ``return_files`` are read back
+        after the run (regular files only; ``file_errors`` says why one is missing). ``stdin``
+        feeds one-shot runs and commands; a persistent interpreter reads the ``stdin`` of the run
+        that started it. Raises SandboxInputError for bad input, SandboxLost if the sandbox was
+        already gone before the call or could not be replaced, LeaseExpired after a pool lease ran
+        out. Everything the code can cause is in the result; ``sandbox_lost`` only when the host
+        has evidence that the infrastructure failed.
         """
         req = validate_run(self.limits, code, cmd, files, stdin, timeout, return_files, persistent)
         self._check_usable()
+        self._replace_if_broken()
         try:
             reply = self._request(req, req["timeout"] + HOST_GRACE_S)
-        except SandboxLost as e:  # it died under this run: a result the caller retries elsewhere
-            return ExecResult("sandbox_lost", None, None, "", str(e), backend=self.backend)
-        if reply is None:  # the host deadline passed: the executor is wedged, so the sandbox is gone
-            return ExecResult("timeout", None, None, "", "", wall_time=req["timeout"], backend=self.backend)
-        if "error" in reply and "reason" not in reply:
-            if "persistent interpreter is gone" in str(reply["error"]):
-                return ExecResult("sandbox_lost", None, None, "", str(reply["error"]), backend=self.backend)
-            raise SandboxInputError(f"the sandbox refused the run: {reply['error']}")
+            if "fault" in reply:  # the executor failed inside: the code may have caused it
+                raise _Broken(f"executor fault: {str(reply['fault'])[:_ERROR_MAX]}", "model")
+            if "error" in reply and "reason" not in reply:
+                raise SandboxInputError(f"the sandbox refused the run: {str(reply['error'])[:_ERROR_MAX]}")
+            result = self._parse_result(reply, req)
+        except _Broken as e:
+            return self._broken_result(e, req)
         self.uses += 1
-        try:
-            return self._result(reply)
-        except SandboxLost as e:
-            return ExecResult("sandbox_lost", None, None, "", str(e), backend=self.backend)
+        return result
 
     def session(self) -> PythonSession:
         """A persistent interpreter in this sandbox: variables survive between its ``run`` calls."""
         return PythonSession(self)
 
     def reset(self) -> None:
-        """End the persistent interpreter, kill leftover processes, empty ``/work`` and ``/tmp``."""
+        """Replace this sandbox by a fresh one: new namespaces or container, empty scratch dirs, no
+        interpreter or process of before, memory back at its baseline. Nothing survives a reset,
+        whatever the code did (chmod, deep trees, IPC objects, pinned shared memory), because
+        nothing of the old sandbox is kept. Raises SandboxLost if no fresh one could be started."""
         self._check_usable()
-        reply = self._request({"op": "reset"}, 10.0)
-        if reply is None or not reply.get("ok"):
-            self._lose()
-            raise SandboxLost(f"sandbox {self.ident} did not reset ({reply!r}); it was destroyed")
+        self._replace()
 
     def ping(self, timeout: float = 5.0) -> bool:
-        if self.closed or self.lost:
+        if self.closed or self.lost or self._broken:
             return False
         try:
             reply = self._request({"op": "ping"}, timeout)
-        except SandboxLost:
+        except _Broken:
+            self._broken = True
             return False
-        return bool(reply and reply.get("ok"))
+        return bool(reply.get("ok"))
 
     def close(self) -> None:
         """Destroy the sandbox and everything in it. Idempotent."""
@@ -309,20 +361,58 @@ class Sandbox:
         if self.closed:
             raise SandboxLost(f"sandbox {self.ident} is closed; acquire a new one")
 
-    def _lose(self) -> None:
-        self.lost = True
-        self.close()
+    def _replace_if_broken(self) -> None:
+        if self._broken:
+            self._replace()
+            self.replacements += 1
 
-    def _request(self, req: dict[str, Any], wait_s: float) -> dict[str, Any] | None:
-        """Send one request; its reply, or None if ``wait_s`` passed (the sandbox is then destroyed)."""
+    def _replace(self) -> None:
+        """Destroy the current sandbox and start a fresh one behind this object."""
+        self._channel.destroy()
+        if self._respawn is None:
+            self.lost = self.closed = True
+            raise SandboxLost(f"sandbox {self.ident} cannot be replaced (its backend gave no respawn)")
+        try:
+            self._channel, self.ident = self._respawn()
+        except SandboxError as e:
+            self.lost = self.closed = True
+            raise SandboxLost(
+                f"sandbox {self.ident} could not be replaced by a fresh one ({e}); acquire a new one"
+            ) from None
+        self._broken = False
+
+    def _broken_result(self, e: _Broken, req: dict[str, Any]) -> ExecResult:
+        """The result of a run under which the channel broke; the code's doing unless proven otherwise."""
+        self._check_usable()  # closed under the run by its owner or by an expired lease: say so
+        self._channel.destroy()
+        ended = bool(req.get("persistent"))
+        if e.timed_out:  # the executor did not answer by the host deadline: wedged by the code
+            self._broken = True
+            return ExecResult(
+                "timeout", None, None, "", "", wall_time=req["timeout"], session_ended=ended, backend=self.backend
+            )
+        if e.verdict == "infra":
+            self.lost = self.closed = True
+            return ExecResult(
+                "sandbox_lost", None, None, "",
+                f"sandbox {self.ident} ({self._channel.describe()}) was ended from outside: {e}; "
+                "an infrastructure failure, retry on a fresh sandbox",
+                backend=self.backend,
+            )  # fmt: skip
+        self._broken = True
+        reason = "memory" if e.verdict == "memory" else "crashed"
+        return ExecResult(reason, None, None, "", "", session_ended=ended, backend=self.backend)
+
+    def _request(self, req: dict[str, Any], wait_s: float) -> dict[str, Any]:
+        """Send one request and return its reply; raises _Broken with the channel's verdict."""
         with self._lock:
             self._next_id += 1
             req = dict(req, id=self._next_id)
-            line_limit = 4 * int(self.limits.max_output_bytes) * (2 + len(req.get("return_files") or ())) + (
-                1 << 20
-            )
+            cap = int(self.limits.max_output_bytes)
+            # Output and files are capped in bytes inside the sandbox and sent as base64.
+            line_limit = (4 * cap // 3 + 8) * (2 + len(req.get("return_files") or ())) + (1 << 16)
             try:
-                self._channel.send(json.dumps(req).encode("utf-8") + b"\n")
+                self._channel.send(_wire(req))
                 while True:
                     raw = self._channel.recv_line(time.monotonic() + wait_s, line_limit)
                     reply = json.loads(raw)
@@ -331,52 +421,87 @@ class Sandbox:
                     if reply.get("id") == req["id"]:
                         return reply
             except TimeoutError:
-                self._lose()
-                return None
+                raise _Broken("no reply by the host deadline", "model", timed_out=True) from None
             except (SandboxLost, OSError, ValueError, RecursionError) as e:
-                self._lose()
-                self._check_usable()  # a lease that expired mid-run says so
-                raise SandboxLost(
-                    f"sandbox {self.ident} ({self._channel.describe()}) died or broke protocol: {e}; "
-                    "it was destroyed, acquire a new one"
-                ) from None
+                raise _Broken(str(e)[:_ERROR_MAX], self._channel.postmortem()) from None
 
-    def _result(self, r: dict[str, Any]) -> ExecResult:
+    def _parse_result(self, r: dict[str, Any], req: dict[str, Any]) -> ExecResult:
+        """An ExecResult from the executor's reply, every field checked for type and bound."""
         try:
-            return self._parse_result(r)
-        except (TypeError, ValueError, AttributeError, binascii.Error) as e:  # a reply we cannot trust
-            self._lose()
-            raise SandboxLost(
-                f"sandbox {self.ident} sent a malformed result ({type(e).__name__}: {e})"
-            ) from None
+            return _parse_reply(r, req, int(self.limits.max_output_bytes), self.backend)
+        except (TypeError, ValueError, KeyError, binascii.Error) as e:  # a reply we cannot trust
+            raise _Broken(f"malformed result ({type(e).__name__}: {str(e)[:_ERROR_MAX]})", self._channel.postmortem()) from None
 
-    def _parse_result(self, r: dict[str, Any]) -> ExecResult:
-        reason = r.get("reason")
-        if reason not in STOP_REASONS:
-            self._lose()
-            raise SandboxLost(f"sandbox {self.ident} returned an unknown stop reason {reason!r}")
-        files: dict[str, bytes] = {}
-        for name, item in (r.get("files") or {}).items():
-            if isinstance(item, dict) and "data" in item:
-                files[name] = base64.b64decode(item["data"])
-        exit_code, sig = r.get("exit_code"), r.get("signal")
-        if not all(v is None or type(v) is int for v in (exit_code, sig)):
-            raise TypeError(f"exit_code/signal must be ints, got {exit_code!r}, {sig!r}")
-        return ExecResult(
-            reason=reason,
-            exit_code=exit_code,
-            signal=sig,
-            stdout=str(r.get("stdout", "")),
-            stderr=str(r.get("stderr", "")),
-            stdout_truncated=bool(r.get("stdout_truncated")),
-            stderr_truncated=bool(r.get("stderr_truncated")),
-            wall_time=float(r.get("wall_time") or 0.0),
-            cpu_time=float(r.get("cpu_time") or 0.0),
-            exception=r.get("exc"),
-            files=files,
-            session_ended=bool(r.get("session_ended")),
-            backend=self.backend,
-        )
+
+def _b64_capped(value: Any, cap: int, what: str) -> bytes:
+    if not isinstance(value, str) or len(value) > 4 * cap // 3 + 8:
+        raise ValueError(f"{what} is not base64 text within the cap")
+    data = base64.b64decode(value, validate=True)
+    if len(data) > cap:
+        raise ValueError(f"{what} is {len(data)} bytes, over the cap of {cap}")
+    return data
+
+
+def _int_or_none(value: Any, lo: int, hi: int, what: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or not lo <= value <= hi:
+        raise TypeError(f"{what} must be an int in [{lo}, {hi}] or null, got {value!r:.50}")
+    return value
+
+
+def _seconds(value: Any, what: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise TypeError(f"{what} must be non-negative seconds, got {value!r:.50}")
+    return float(value)
+
+
+def _parse_reply(r: dict[str, Any], req: dict[str, Any], cap: int, backend: str) -> ExecResult:
+    reason = r["reason"]
+    if reason not in EXEC_REASONS:
+        raise ValueError(f"unknown stop reason {reason!r:.50}")
+    exc = r.get("exc")
+    if exc is not None and not (
+        isinstance(exc, str) and len(exc) <= _EXC_NAME_MAX and all(p.isidentifier() for p in exc.split("."))
+    ):
+        raise ValueError(f"exception must be a type name, got {exc!r:.50}")
+    files: dict[str, bytes] = {}
+    file_errors: dict[str, str] = {}
+    truncated_files: list[str] = []
+    raw_files = r.get("files") or {}
+    if not isinstance(raw_files, dict) or not set(raw_files) <= set(req.get("return_files") or ()):
+        raise ValueError("files must answer the requested return_files")
+    for name, item in raw_files.items():
+        if not isinstance(item, dict):
+            raise TypeError(f"files[{name!r}] must be an object")
+        if "error" in item:
+            if not isinstance(item["error"], str):
+                raise TypeError(f"files[{name!r}].error must be a str")
+            file_errors[name] = item["error"][:_ERROR_MAX]
+            continue
+        files[name] = _b64_capped(item["data"], cap, f"files[{name!r}]")
+        if item.get("truncated") is True:
+            truncated_files.append(name)
+    flags = {k: r.get(k, False) for k in ("stdout_truncated", "stderr_truncated", "session_ended")}
+    if not all(type(v) is bool for v in flags.values()):
+        raise TypeError(f"flags must be booleans, got {flags!r:.100}")
+    return ExecResult(
+        reason=reason,
+        exit_code=_int_or_none(r.get("exit_code"), 0, 255, "exit_code"),
+        signal=_int_or_none(r.get("signal"), 1, 128, "signal"),
+        stdout=_b64_capped(r["stdout_b64"], cap, "stdout").decode("utf-8", "replace"),
+        stderr=_b64_capped(r["stderr_b64"], cap, "stderr").decode("utf-8", "replace"),
+        stdout_truncated=flags["stdout_truncated"],
+        stderr_truncated=flags["stderr_truncated"],
+        wall_time=_seconds(r.get("wall_time", 0.0), "wall_time"),
+        cpu_time=_seconds(r.get("cpu_time", 0.0), "cpu_time"),
+        exception=exc.rsplit(".", 1)[-1] if exc else None,
+        files=files,
+        file_errors=file_errors,
+        truncated_files=truncated_files,
+        session_ended=flags["session_ended"],
+        backend=backend,
+    )
 
 
 class PythonSession:

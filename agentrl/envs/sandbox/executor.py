@@ -14,10 +14,19 @@ Protocol (one JSON object per line; the host speaks first after ``{"ready": true
     -> {"op": "run", "id": 1, "code": "print(1)", "cmd": null, "stdin": "", "files": {"a.txt": "<base64>"},
         "return_files": ["out.txt"], "timeout": 10.0, "cpu_time": 10.0, "memory": 268435456,
         "max_output": 65536, "max_file_size": 16777216, "persistent": false}
-    <- {"id": 1, "stdout": "1\\n", "stderr": "", "exit_code": 0, "signal": null, "reason": "exited", ...}
-    -> {"op": "reset", "id": 2}      wipe the work dir and /tmp, end the persistent interpreter
-    -> {"op": "ping", "id": 3}
+    <- {"id": 1, "stdout_b64": "MQo=", "stderr_b64": "", "exit_code": 0, "signal": null, "exc": null,
+        "reason": "exited", "session_ended": false, "files": {"out.txt": {"data": "<base64>"}}, ...}
+    -> {"op": "ping", "id": 2}
     -> {"op": "exit"}                (EOF on stdin means the same: the host is gone, so we exit)
+
+Nothing the code runs can speak on this channel. A worker holds exactly stdin, stdout and stderr
+(no pipe to the executor); every field of a reply is what the executor observed itself (the
+worker's wait status, its stop, its output, the cgroup's counters) and is bounded: output and
+files are capped in bytes and sent as base64, the exception is a type name read from the end of
+stderr (the code can only describe its own run that way). A persistent worker ends each cell by
+stopping itself (SIGSTOP): between runs it stays stopped and every other process is dead, so no
+code runs while the host writes or reads files or runs its own checks. ``reset`` is not an
+operation: the host replaces the whole sandbox instead.
 
 Each run happens in a worker forked from this process (no interpreter start-up: a warm sandbox
 answers ``print(1)`` in a few milliseconds). A *persistent* worker stays alive between runs, so
@@ -42,6 +51,7 @@ import io
 import os
 import resource
 import select
+import stat
 import struct
 import sys
 import time
@@ -189,8 +199,15 @@ def _proc_cpu_seconds(pid: int) -> float:
 
 
 # --------------------------------------------------------------------------------------- workers
-def _child_setup(req: dict, fds: list[int]) -> None:
-    """In a freshly forked worker: wire fds 0-4, drop to the run's limits, restore default signals."""
+# A worker holds exactly three descriptors: 0 (stdin; for a persistent worker, the frames of its
+# cells), 1 and 2 (its output pipes). It has no channel to this executor: everything the result
+# says is what the executor saw itself (wait status, stop, output, counters), so the model's code
+# cannot speak for the executor.
+CELL_DONE = "SIGSTOP"  # a persistent worker stops itself after each cell; the executor sees the stop
+
+
+def _child_setup(req: dict, fds: list) -> None:
+    """In a freshly forked worker: wire fds 0-2, close every other, drop to the run's limits."""
     high = [fcntl_dup(fd) for fd in fds]
     for target, fd in enumerate(high):
         os.dup2(fd, target)
@@ -229,23 +246,28 @@ def fcntl_dup(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
 
 
-def _python_main(persistent: bool, code: str) -> None:
-    """Body of a Python worker: run ``code`` (one-shot) or serve code frames on fd 4 (persistent)."""
-    for fd in (0, 1, 2, 3) + ((4,) if persistent else ()):
-        os.set_inheritable(fd, fd <= 2)
-    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
+def _python_main(persistent: bool, code: str, stdin_text: str) -> None:
+    """Body of a Python worker: run ``code`` (one-shot) or the cells framed on fd 0 (persistent).
+
+    A one-shot worker exits with the code's status (1 after an exception, whose traceback goes to
+    stderr, as ``python`` does). A persistent worker stops itself (SIGSTOP) after each cell and is
+    continued by the executor when the next cell is on fd 0; ``sys.exit`` in a cell ends it.
+    """
+    for fd in (0, 1, 2):
+        os.set_inheritable(fd, True)
+    if persistent:
+        frames = os.fdopen(os.dup(0), "rb", buffering=0)  # close-on-exec: children never get it
+        sys.stdin = io.StringIO(stdin_text)
+    else:
+        sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
     sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
     sys.argv = ["<sandbox>"]
-    ctl = os.fdopen(3, "w", buffering=1)
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     if not persistent:
-        status = _exec_code(code, namespace)
-        ctl.write(_dumps(status) + "\n")
-        ctl.flush()
-        os._exit(status["exit_code"])
-    frames = os.fdopen(4, "rb", buffering=0)
+        os._exit(_exec_code(code, namespace))
     counter = 0
+    me = os.getpid()
     while True:
         header = _read_exact(frames, 12)
         if header is None:
@@ -261,9 +283,10 @@ def _python_main(persistent: bool, code: str) -> None:
                 soft = min(soft, hard)
             resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
         counter += 1
-        status = _exec_code(payload.decode("utf-8"), namespace, filename="<cell %d>" % counter)
-        ctl.write(_dumps(status) + "\n")
-        ctl.flush()
+        status = _exec_code(payload.decode("utf-8"), namespace, filename="<cell %d>" % counter, cell=True)
+        if status is not None:  # sys.exit() in a cell ends the interpreter, as it would in python
+            os._exit(status)
+        os.kill(me, signal.SIGSTOP)  # the cell is done; every thread of ours waits for the next
 
 
 def _read_exact(f: io.RawIOBase, n: int) -> bytes | None:
@@ -276,23 +299,21 @@ def _read_exact(f: io.RawIOBase, n: int) -> bytes | None:
     return buf
 
 
-def _exec_code(code: str, namespace: dict, filename: str = "<sandbox>") -> dict:
-    """Run one piece of code in ``namespace``; return its exit code and the exception it died of."""
-    status: dict = {"exit_code": 0, "exc": None, "errno": None}
+def _exec_code(code: str, namespace: dict, filename: str = "<sandbox>", cell: bool = False):
+    """Run one piece of code in ``namespace``; its exit status (None: a cell that did not exit)."""
+    status = None if cell else 0
     try:
         exec(compile(code, filename, "exec"), namespace)
     except SystemExit as e:
         if e.code is None:
-            status["exit_code"] = 0
+            status = 0
         elif isinstance(e.code, int):
-            status["exit_code"] = e.code & 0xFF
+            status = e.code & 0xFF
         else:
             _safe_print_err(str(e.code))
-            status["exit_code"] = 1
+            status = 1
     except BaseException as e:  # the code's own failure: report it like `python` would
-        status["exit_code"] = 1
-        status["exc"] = type(e).__name__
-        status["errno"] = getattr(e, "errno", None) if isinstance(e, OSError) else None
+        status = None if cell else 1
         try:
             import linecache
             import traceback
@@ -301,7 +322,7 @@ def _exec_code(code: str, namespace: dict, filename: str = "<sandbox>") -> dict:
             tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # hide this frame
             traceback.print_exception(type(e), e, tb)
         except BaseException:
-            _safe_print_err(f"{type(e).__name__}\n")
+            _safe_print_err("%s" % type(e).__name__)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -318,18 +339,19 @@ def _safe_print_err(text: str) -> None:
 
 
 class Worker:
-    """A forked process running one run (one-shot) or many (persistent), with its three pipes."""
+    """A forked process running one run (one-shot) or many cells (persistent), with its pipes."""
 
     def __init__(self, req: dict, persistent: bool) -> None:
         self.persistent = persistent
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        ctl_r, ctl_w = os.pipe()
-        fds_child = [self._stdin_fd(req.get("stdin") or ""), out_w, err_w, ctl_w]
+        stdin_text = req.get("stdin") or ""
         cmd_r = cmd_w = -1
         if persistent:
             cmd_r, cmd_w = os.pipe()
-            fds_child.append(cmd_r)
+            fds_child = [cmd_r, out_w, err_w]
+        else:
+            fds_child = [self._stdin_fd(stdin_text), out_w, err_w]
         sys.stdout.flush()
         pid = os.fork()
         if pid == 0:  # worker
@@ -339,18 +361,18 @@ class Worker:
                     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
                         signal.signal(sig, signal.SIG_DFL)
                     os.execve(SHELL, ["sh", "-c", req["cmd"]], dict(CHILD_ENV))
-                _python_main(persistent, req.get("code") or "")
+                _python_main(persistent, req.get("code") or "", stdin_text)
             except BaseException as e:
-                _safe_print_err(f"sandbox worker failed to start: {e!r}")
+                _safe_print_err("sandbox worker failed to start: %r" % (e,))
                 os._exit(127)
             os._exit(0)
         self.pid = pid
         for fd in fds_child:
             os.close(fd)
-        self.out, self.err, self.ctl, self.cmd = out_r, err_r, ctl_r, cmd_w
-        self.ctl_buf = b""
+        self.out, self.err, self.cmd = out_r, err_r, cmd_w
         self.wait_status: int | None = None
         self.rusage_cpu = 0.0
+        self.stopped = False  # a persistent worker between cells (it stopped itself)
 
     @staticmethod
     def _stdin_fd(data: str) -> int:
@@ -364,10 +386,42 @@ class Worker:
 
     def alive(self) -> bool:
         if self.wait_status is None:
+            if self.persistent and not self.stopped:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED)
+                except ChildProcessError:
+                    pid, status = 0, 0
+                if pid == self.pid:
+                    if os.WIFSTOPPED(status):
+                        self.stopped = True
+                    else:
+                        self.wait_status = status
             _reap_all()
             if self.pid in _exited:
                 self.wait_status, self.rusage_cpu = _exited.pop(self.pid)
         return self.wait_status is None
+
+    def resume(self) -> None:
+        """Continue a persistent worker stopped between cells (its next cell is on fd 0).
+
+        Stop reports still queued from between runs (a leftover continued it and ``settle`` stopped
+        it again) are consumed first, so the next stop seen is the end of this cell.
+        """
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG | os.WUNTRACED | os.WCONTINUED)
+            except ChildProcessError:
+                break
+            if pid != self.pid:
+                break
+            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                self.wait_status = status
+                break
+        self.stopped = False
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except OSError:
+            pass
 
     def kill(self) -> None:
         for target in (-self.pid, self.pid):
@@ -377,13 +431,13 @@ class Worker:
                 pass
 
     def close(self) -> None:
-        for fd in (self.out, self.err, self.ctl, self.cmd):
+        for fd in (self.out, self.err, self.cmd):
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self.out = self.err = self.ctl = self.cmd = -1
+        self.out = self.err = self.cmd = -1
 
 
 def _tmpfile_fd() -> int:
@@ -395,10 +449,13 @@ def _tmpfile_fd() -> int:
 
 
 class Capture:
-    """One output stream, capped: bytes beyond ``cap`` are counted but not kept."""
+    """One output stream, capped: bytes beyond ``cap`` are counted but not kept; the tail is kept."""
+
+    TAIL = 8192
 
     def __init__(self, cap: int) -> None:
         self.cap, self.data, self.seen = cap, bytearray(), 0
+        self.tail = b""
 
     def feed(self, chunk: bytes) -> bool:
         """Keep what fits; return True once the stream has gone over its cap."""
@@ -406,10 +463,42 @@ class Capture:
         room = self.cap - len(self.data)
         if room > 0:
             self.data += chunk[:room]
+        self.tail = (self.tail + chunk)[-self.TAIL :]
         return self.seen > self.cap
 
-    def text(self) -> str:
-        return self.data.decode("utf-8", "replace")
+    def b64(self) -> str:
+        return binascii.b2a_base64(bytes(self.data), newline=False).decode("ascii")
+
+
+_EXC_LINE_MAX = 200
+
+
+def _exception_of(stderr_tail: bytes):
+    """The exception type name and errno of a Python traceback ending ``stderr``, or (None, None).
+
+    Read as a person reading the run's stderr would: the last line ``Name: message`` (or
+    ``Name``), where ``Name`` is a dotted identifier, after a ``Traceback`` header or ending in
+    ``Error``. The model's code can print such a line itself; it then only describes its own run.
+    """
+    lines = [ln for ln in stderr_tail.decode("utf-8", "replace").splitlines() if ln.strip()]
+    if not lines:
+        return None, None
+    last = lines[-1].strip()
+    name = last.split(":", 1)[0].strip()
+    parts = name.split(".")
+    if not name or len(name) > _EXC_LINE_MAX or not all(p.isidentifier() for p in parts):
+        return None, None
+    if last != name and not last.startswith(name + ": "):
+        return None, None
+    if b"Traceback (most recent call last):" not in stderr_tail and not parts[-1].endswith("Error"):
+        return None, None
+    err = None
+    marker = "[Errno "
+    if marker in last:
+        digits = last.split(marker, 1)[1].split("]", 1)[0]
+        if digits.isdigit() and len(digits) < 6:
+            err = int(digits)
+    return parts[-1], err
 
 
 # -------------------------------------------------------------------------------------- executor
@@ -418,20 +507,14 @@ class Executor:
         self.proto_fd = proto_fd  # watched during runs: EOF there means the host is gone
         self.pending = b""  # request bytes that arrived during a run
         self.session: Worker | None = None
-        self.session_cpu = 0.0
 
     def handle(self, req: dict) -> dict:
         op = req.get("op")
         if op == "run":
             return self.run(req)
-        if op == "reset":
-            self.end_session()
-            _kill_strays(set())
-            _wipe_scratch()
-            return {"ok": True}
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "version": PROTOCOL_VERSION}
-        return {"error": f"unknown op {op!r}"}
+        return {"error": "unknown op %r" % (op,)}
 
     def end_session(self) -> None:
         if self.session is not None:
@@ -439,36 +522,56 @@ class Executor:
             self.session.close()
             self.session = None
 
+    def _keep(self, worker: Worker) -> set:
+        """Pids that a kill of leftovers spares: the persistent interpreter, unless it is ``worker``."""
+        return {self.session.pid} if self.session is not None and worker is not self.session else set()
+
+    def settle(self) -> None:
+        """After a run: no process lives but the persistent interpreter, and that one is stopped.
+
+        Between runs nothing of the code runs: no thread of the interpreter burns CPU or touches a
+        file the host is about to write or read, and a late write cannot change a result already
+        sent. The interpreter is stopped before its leftovers are killed (so it cannot start new
+        ones), and again after (one of them may have continued it), until both hold at once.
+        """
+        for _ in range(20):
+            s = self.session
+            if s is not None:
+                try:
+                    os.kill(s.pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+                _wait_stopped(s.pid)
+            _kill_strays({s.pid} if s is not None else set())
+            if s is None or _all_stopped(s.pid):
+                return
+        self.end_session()  # it keeps being continued: end it rather than let it run between runs
+        _kill_strays(set())
+
     def run(self, req: dict) -> dict:
         t0 = time.monotonic()
         try:
             _write_files(req.get("files") or {})
-        except OSError as e:
-            return {"error": f"could not write input file: {e}"}
+        except FileRefused as e:
+            return {"error": "input file refused: %s" % (e,)}
+        except OSError as e:  # the code filled the disk or memory before this run: its outcome
+            reason = _ERRNO_REASON.get(e.errno)
+            if reason is None:
+                return {"error": "could not write an input file: %s" % (os.strerror(e.errno) if e.errno else e,)}
+            return _no_run(reason, "could not write an input file: %s" % os.strerror(e.errno), t0)
         persistent = bool(req.get("persistent")) and req.get("cmd") is None
         counters = (_read_counter("oom_kill"), _read_counter("pids_max"))
         restarted = False
-        if persistent:
-            if self.session is not None and not self.session.alive():
-                self.end_session()
-                restarted = True
-            if self.session is None:
-                self.session = Worker(req, persistent=True)
-                self.session_cpu = 0.0
-            worker = self.session
-            payload = (req.get("code") or "").encode("utf-8")
-            cpu = float(req.get("cpu_time") or 0)
-            cpu_soft = _proc_cpu_seconds(worker.pid) + cpu if cpu > 0 else 0.0
-            try:
-                _write_all(worker.cmd, struct.pack("!Id", len(payload), cpu_soft) + payload)
-            except OSError:
-                self.end_session()
-                return {"error": "persistent interpreter is gone; retry the call"}
-        else:
-            worker = Worker(req, persistent=False)
+        try:
+            if persistent:
+                worker, restarted = self._start_cell(req)
+            else:
+                worker = Worker(req, persistent=False)
+        except OSError as e:  # fork refused: the code holds the pids or the memory of the sandbox
+            self.settle()
+            return _no_run(_ERRNO_REASON.get(e.errno, "pids"), "could not start the run: %s" % e, t0, restarted)
         result = self._wait(worker, req, t0)
-        result["session_restarted"] = restarted
-        result["session_ended"] = False
+        result["session_ended"] = restarted
         if worker is self.session:
             if result["killed_for"] or not worker.alive():
                 self.end_session()
@@ -476,27 +579,52 @@ class Executor:
         else:
             worker.kill()
             worker.close()
-        _kill_strays({self.session.pid} if self.session is not None else set())
+        self.settle()
         result["is_cmd"] = req.get("cmd") is not None
         result["oom"] = _counter_grew("oom_kill", counters[0])
         result["pids_refused"] = _counter_grew("pids_max", counters[1])
         result["reason"] = _classify(result)
+        for key in ("killed_for", "is_cmd", "oom", "pids_refused", "errno"):
+            del result[key]
         result["files"] = _read_files(req.get("return_files") or [], int(req.get("max_output") or 65536))
         result["wall_time"] = time.monotonic() - t0
         return result
 
+    def _start_cell(self, req: dict):
+        """Hand the persistent interpreter its next cell and continue it; (worker, restarted)."""
+        restarted = False
+        if self.session is not None and not self.session.alive():
+            self.end_session()
+            restarted = True
+        payload = (req.get("code") or "").encode("utf-8")
+        cpu = float(req.get("cpu_time") or 0)
+        for _ in range(2):
+            if self.session is None:
+                self.session = Worker(req, persistent=True)
+            worker = self.session
+            cpu_soft = _proc_cpu_seconds(worker.pid) + cpu if cpu > 0 else 0.0
+            try:
+                _write_all(worker.cmd, struct.pack("!Id", len(payload), cpu_soft) + payload)
+            except OSError:  # it died after the check: start a fresh one
+                self.end_session()
+                restarted = True
+                continue
+            worker.resume()
+            return worker, restarted
+        raise OSError(errno.EAGAIN, "the persistent interpreter could not be started")
+
     def _wait(self, worker: Worker, req: dict, t0: float) -> dict:
+        """Follow ``worker`` until its run ends: it exits, a persistent one stops, or a limit kills it."""
         cap = int(req.get("max_output") or 65536)
         out, err = Capture(cap), Capture(cap)
         timeout = float(req.get("timeout") or 10.0)
         cpu_limit = float(req.get("cpu_time") or 0)
         deadline = t0 + timeout
-        sinks: dict = {worker.out: out, worker.err: err, worker.ctl: None}
+        sinks: dict = {worker.out: out, worker.err: err}
         if self.proto_fd >= 0:
             sinks[self.proto_fd] = "host"
         sel = _Poller(sinks)
         killed_for = None
-        status = None
         cpu_start = _proc_cpu_seconds(worker.pid) if worker.persistent else 0.0
         exited_at = None
         while len(sel.data) > (1 if self.proto_fd in sel.data else 0):
@@ -504,16 +632,8 @@ class Executor:
             if killed_for is None and now >= deadline:
                 killed_for = "timeout"
                 worker.kill()
-                _kill_strays(
-                    {self.session.pid} if self.session is not None and worker is not self.session else set()
-                )
+                _kill_strays(self._keep(worker))
             if exited_at is not None and now - exited_at > DRAIN_S:
-                break
-            if worker.persistent and status is not None:
-                # The cell finished; take what is already in the pipes and stop.
-                if self.proto_fd in sel.data:
-                    sel.unregister(self.proto_fd)  # never read (and lose) the host's next request
-                self._drain_available(sel)
                 break
             for fd, sink in sel.select(POLL_S):
                 try:
@@ -530,15 +650,6 @@ class Executor:
                     continue
                 if not chunk:
                     sel.unregister(fd)
-                    continue
-                if sink is None:
-                    worker.ctl_buf += chunk
-                    if b"\n" in worker.ctl_buf:
-                        line, _, worker.ctl_buf = worker.ctl_buf.partition(b"\n")
-                        try:
-                            status = _loads(line.decode("utf-8", "replace"))
-                        except ValueError:
-                            status = None
                 elif sink.feed(chunk) and killed_for is None:
                     killed_for = "output_limit"
                     worker.kill()
@@ -548,43 +659,44 @@ class Executor:
             if over_cpu and killed_for is None:
                 killed_for = "cpu_time"
                 worker.kill()
-            if exited_at is None and not worker.alive():
+            alive = worker.alive()
+            if worker.persistent and worker.stopped and killed_for is None:
+                # The cell is done: everything it wrote is in the pipes already; take it and stop.
+                if self.proto_fd in sel.data:
+                    sel.unregister(self.proto_fd)  # never read (and lose) the host's next request
+                self._drain_available(sel)
+                break
+            if exited_at is None and not alive:
                 exited_at = time.monotonic()
-                # Daemons it left behind may hold the pipes open: kill them so we see EOF.
-                keep = (
-                    {self.session.pid} if self.session is not None and worker is not self.session else set()
-                )
-                _kill_strays(keep)
+                _kill_strays(self._keep(worker))  # daemons it left may hold the pipes open
         for _ in range(100):
-            if not worker.alive() or worker.persistent and status is not None and killed_for is None:
+            if not worker.alive() or worker.stopped:
                 break
             time.sleep(0.002)
-        worker.alive()
         wait_status, cpu = worker.wait_status, worker.rusage_cpu
-        if worker.persistent:
-            cpu = _proc_cpu_seconds(worker.pid) - cpu_start if wait_status is None else cpu
+        if worker.persistent and wait_status is None:
+            cpu = _proc_cpu_seconds(worker.pid) - cpu_start
+        exc, errno_ = _exception_of(err.tail)
         exit_code = sig = None
         if wait_status is not None:
             if os.WIFSIGNALED(wait_status):
                 sig = os.WTERMSIG(wait_status)
             else:
                 exit_code = os.WEXITSTATUS(wait_status)
-        elif status is not None:
-            exit_code = int(status.get("exit_code", 0))
-        if worker.persistent and status is not None and wait_status is None:
-            exit_code = int(status.get("exit_code", 0))
+        elif worker.stopped:
+            exit_code = 1 if exc is not None else 0
+        if sig is not None or req.get("cmd") is not None or exit_code == 0:
+            exc = errno_ = None  # only a Python run that failed has an exception
         return {
-            "stdout": out.text(),
-            "stderr": err.text(),
+            "stdout_b64": out.b64(),
+            "stderr_b64": err.b64(),
             "stdout_truncated": out.seen > cap,
             "stderr_truncated": err.seen > cap,
-            "stdout_bytes": out.seen,
-            "stderr_bytes": err.seen,
             "exit_code": exit_code,
             "signal": sig,
             "killed_for": killed_for,
-            "exc": (status or {}).get("exc"),
-            "errno": (status or {}).get("errno"),
+            "exc": exc,
+            "errno": errno_,
             "cpu_time": cpu,
         }
 
@@ -601,8 +713,55 @@ class Executor:
                     chunk = b""
                 if not chunk:
                     sel.unregister(fd)
-                elif sink is not None:
+                elif sink is not None and sink != "host":
                     sink.feed(chunk)
+
+
+_ERRNO_REASON = {errno.ENOSPC: "disk_full", errno.EDQUOT: "disk_full", errno.ENOMEM: "memory", errno.EAGAIN: "pids"}
+
+
+def _no_run(reason: str, note: str, t0: float, session_ended: bool = False) -> dict:
+    """The result of a run that could not start because of what earlier code left behind."""
+    return {
+        "stdout_b64": "",
+        "stderr_b64": binascii.b2a_base64(("[sandbox] %s\n" % note)[:300].encode("utf-8"), newline=False).decode(),
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "exit_code": None,
+        "signal": None,
+        "exc": None,
+        "cpu_time": 0.0,
+        "reason": reason,
+        "session_ended": session_ended,
+        "files": {},
+        "wall_time": time.monotonic() - t0,
+    }
+
+
+def _wait_stopped(pid: int) -> None:
+    """Wait (up to 0.5 s) until every thread of ``pid`` is stopped or it is gone."""
+    for _ in range(500):
+        if _all_stopped(pid):
+            return
+        time.sleep(0.001)
+
+
+def _all_stopped(pid: int) -> bool:
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return True
+    return all(_proc_state(pid, int(t)) in ("T", "t", "Z", "X", "") for t in tids)
+
+
+def _proc_state(pid: int, tid: int = 0) -> str:
+    """The state letter of ``pid`` (or its thread ``tid``) in /proc (R, S, T, Z, ...); "" when gone."""
+    path = "/proc/%d/task/%d/stat" % (pid, tid) if tid else "/proc/%d/stat" % pid
+    try:
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 class _Poller:
@@ -646,62 +805,176 @@ def _classify(r: dict) -> str:
     return "exited"
 
 
-def _safe_path(rel: str) -> str:
+# ----------------------------------------------------------------------------------------- files
+# The host's files= and return_files touch only the work dir, and only through directories that
+# really are directories: every component is opened relative to its parent with O_NOFOLLOW, so a
+# link the code planted (to /proc/1/fd/0, /proc/1/maps, or outside /work) is never followed, and a
+# FIFO is never opened for a blocking read or write. No model process runs while this happens
+# (the leftovers of the last run are dead and the persistent interpreter is stopped), so what is
+# checked is what is used. Permissions the code took away (chmod 0) are given back first: every
+# file in the sandbox belongs to the one uid both the code and the executor run as.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class FileRefused(Exception):
+    """A files= or return_files path the executor will not touch; the message says why."""
+
+
+def _parts(rel: str) -> list:
     if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel:
-        raise OSError(errno.EINVAL, f"bad file name {rel!r}")
+        raise FileRefused("bad file name")
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        raise OSError(errno.EINVAL, f"bad file name {rel!r}")
-    return os.path.join(WORK_DIR, rel)
+        raise FileRefused("bad file name")
+    return parts
+
+
+def _open_dir(parent, name: str) -> int:
+    """Open directory ``name`` (under ``parent``, a dir fd, or an absolute path) for walking."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=parent)  # a directory of ours the code made unreadable
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    try:
+        if os.fstat(fd).st_mode & 0o700 != 0o700:
+            os.fchmod(fd, 0o700)
+    except OSError:  # not ours (a tmpfs root owned by root in docker): it is as writable as it gets
+        pass
+    return fd
+
+
+def _remove_any(parent: int, name: str) -> None:
+    """Remove ``name`` under ``parent``: a file, link, FIFO, or a tree of any depth and permissions.
+
+    Iterative, holding two fds at a time, so a tree deeper than PATH_MAX or Python's recursion
+    limit goes too.
+    """
+    if not stat.S_ISDIR(os.lstat(name, dir_fd=parent).st_mode):
+        os.unlink(name, dir_fd=parent)
+        return
+    names = [name]
+    cur = _open_dir(parent, name)
+    try:
+        while names:
+            sub = None
+            for entry in os.listdir(cur):
+                if stat.S_ISDIR(os.lstat(entry, dir_fd=cur).st_mode):
+                    sub = entry
+                    break
+                os.unlink(entry, dir_fd=cur)
+            if sub is not None:
+                nxt = _open_dir(cur, sub)
+                os.close(cur)
+                cur = nxt
+                names.append(sub)
+                continue
+            done = names.pop()
+            up = os.open("..", _DIR_FLAGS, dir_fd=cur) if names else os.dup(parent)
+            os.close(cur)
+            cur = up
+            os.rmdir(done, dir_fd=cur)
+    finally:
+        os.close(cur)
+
+
+def _walk(parts: list, create: bool) -> int:
+    """A dir fd of the parent of ``parts`` inside the work dir; with ``create``, whatever stands in
+    the way of a directory is removed and the directory made."""
+    fd = _open_dir(None, WORK_DIR)
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = _open_dir(fd, part)
+            except (FileNotFoundError, NotADirectoryError, OSError) as e:
+                if not create:
+                    if isinstance(e, FileNotFoundError):
+                        raise
+                    raise FileRefused("a parent of it is not a directory (a link or a file)") from None
+                if not isinstance(e, FileNotFoundError):
+                    _remove_any(fd, part)
+                os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = _open_dir(fd, part)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _write_files(files: dict) -> None:
+    """Write the host's input files; whatever the code left at those paths is replaced."""
     for rel, b64 in files.items():
-        path = _safe_path(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if os.path.islink(path):
-            os.unlink(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(binascii.a2b_base64(b64))
+        parts = _parts(rel)
+        data = binascii.a2b_base64(b64)
+        parent = _walk(parts, create=True)
+        try:
+            try:
+                _remove_any(parent, parts[-1])
+            except FileNotFoundError:
+                pass
+            fd = os.open(
+                parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent
+            )
+        finally:
+            os.close(parent)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+
+
+def _read_file(rel: str, cap: int) -> dict:
+    parts = _parts(rel)
+    parent = _walk(parts, create=False)
+    try:
+        st = os.lstat(parts[-1], dir_fd=parent)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused("not a regular file (%s)" % _kind(st.st_mode))
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        try:
+            fd = os.open(parts[-1], flags, dir_fd=parent)
+        except PermissionError:
+            os.chmod(parts[-1], 0o600, dir_fd=parent)
+            fd = os.open(parts[-1], flags, dir_fd=parent)
+    finally:
+        os.close(parent)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileRefused("not a regular file")
+        chunks, size = [], 0
+        while size <= cap:
+            chunk = os.read(fd, min(READ_CHUNK, cap + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    return {"data": binascii.b2a_base64(data[:cap], newline=False).decode("ascii"), "truncated": len(data) > cap}
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "a special file"
 
 
 def _read_files(names: list, cap: int) -> dict:
+    """The requested files, each capped at ``cap`` bytes, or why not (a short error string)."""
     out: dict = {}
     for rel in names:
         try:
-            with open(_safe_path(rel), "rb") as f:
-                data = f.read(cap + 1)
-            out[rel] = {
-                "data": binascii.b2a_base64(data[:cap], newline=False).decode("ascii"),
-                "truncated": len(data) > cap,
-            }
+            out[rel] = _read_file(rel, cap)
+        except FileRefused as e:
+            out[rel] = {"error": str(e)}
         except OSError as e:
-            out[rel] = {"error": os.strerror(e.errno) if e.errno else str(e)}
+            out[rel] = {"error": os.strerror(e.errno) if e.errno else "unreadable"}
     return out
-
-
-def _wipe_scratch() -> None:
-    for top in SCRATCH_DIRS:
-        try:
-            names = os.listdir(top)
-        except OSError:
-            continue
-        for name in names:
-            _remove_tree(os.path.join(top, name))
-
-
-def _remove_tree(path: str) -> None:
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-            for entry in os.listdir(path):
-                _remove_tree(os.path.join(path, entry))
-            os.rmdir(path)
-        else:
-            os.unlink(path)
-    except OSError:
-        pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -744,7 +1017,7 @@ def serve() -> int:
                 if not isinstance(req, dict):
                     raise ValueError("request is not an object")
             except (ValueError, RecursionError) as e:
-                reply: dict = {"error": f"bad request: {e}"}
+                reply: dict = {"error": ("bad request: %s" % (e,))[:300]}
             else:
                 if req.get("op") == "exit":
                     ex.end_session()
@@ -752,8 +1025,8 @@ def serve() -> int:
                     return 0
                 try:
                     reply = ex.handle(req)
-                except Exception as e:  # keep serving: the host decides what to do with a failed op
-                    reply = {"error": f"{type(e).__name__}: {e}"}
+                except Exception as e:  # keep serving; the host replaces a sandbox at fault
+                    reply = {"fault": ("%s: %s" % (type(e).__name__, e))[:300]}
                 reply["id"] = req.get("id")
             proto_out.write(_dumps(reply).encode() + b"\n")
             buf += ex.pending

@@ -1,4 +1,4 @@
-"""Warm pools: pre-started sandboxes leased one per episode, with a TTL, recycled or destroyed after use.
+"""Warm pools: pre-started sandboxes leased one per episode, with a TTL, destroyed after use.
 
 A pool keeps ``size`` idle sandboxes started ahead of time, so ``acquire`` costs a queue pop
 instead of a cold start. Each lease has a deadline (``lease_ttl``); a background thread destroys
@@ -6,9 +6,11 @@ sandboxes whose lease ran out (the holder gets :class:`LeaseExpired` on its next
 the idle set, and every ``reaper_interval`` seconds removes orphans that dead processes left
 behind (:meth:`ProcessBackend.reap`, :meth:`DockerBackend.reap`).
 
-On ``release`` a sandbox is *recycled* (its interpreter ended, leftover processes killed,
-``/work`` and ``/tmp`` emptied, then back to the idle set) up to ``max_uses`` times, or destroyed
-when ``recycle=False``, when it died, or when its reset failed.
+A sandbox is never handed to a second episode. On ``release`` it is destroyed, and the pool's
+thread starts a fresh one in the background: a wiped sandbox could still hold what the code left
+outside its scratch dirs (IPC objects, pinned shared memory, memory charged to its cgroup), and
+proving it holds nothing costs more than starting anew (``docs/sandbox.md`` has the numbers). Warm
+acquires stay a queue pop as long as the pool refills faster than episodes end.
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ class PoolStats:
     created: int = 0
     acquired: int = 0
     warm_hits: int = 0
-    recycled: int = 0
     destroyed: int = 0
     expired: int = 0
     reaped: int = 0
@@ -79,8 +80,6 @@ class SandboxPool:
         size: int = 2,
         limits: Limits | None = None,
         lease_ttl: float = 900.0,
-        recycle: bool = True,
-        max_uses: int = 100,
         reaper_interval: float = 5.0,
         **backend_options: Any,
     ) -> None:
@@ -93,7 +92,7 @@ class SandboxPool:
         self.backend: Backend = (
             make_backend(backend, limits, **backend_options) if isinstance(backend, str) else backend
         )
-        self.size, self.lease_ttl, self.recycle, self.max_uses = size, lease_ttl, recycle, max_uses
+        self.size, self.lease_ttl = size, lease_ttl
         self.reaper_interval = reaper_interval
         self.stats = PoolStats()
         self._idle: collections.deque[Sandbox] = collections.deque()
@@ -155,24 +154,13 @@ class SandboxPool:
         return sb
 
     def release(self, sb: Sandbox) -> None:
-        """Give a leased sandbox back: recycled into the idle set, or destroyed."""
+        """Give a leased sandbox back: it is destroyed (never leased again), and the pool refills."""
         with self._cond:
             if self._leased.pop(id(sb), None) is None:
                 return  # not ours, or released twice
-        sb.lease_deadline = None
-        keep = self.recycle and not (sb.closed or sb.lost or sb.expired) and sb.uses < self.max_uses
-        if keep:
-            try:
-                sb.reset()
-            except SandboxError:
-                keep = False
-        with self._cond:
-            if keep and not self._closed and len(self._idle) < self.size:
-                self._idle.append(sb)
-                self.stats.recycled += 1
-                self._cond.notify_all()
-                return
             self.stats.destroyed += 1
+            self._cond.notify_all()  # wake the refiller
+        sb.lease_deadline = None
         sb.close()
 
     @contextlib.contextmanager

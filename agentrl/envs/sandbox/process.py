@@ -147,11 +147,13 @@ class _ProcessChannel(LineChannel):
           its protocol, or bwrap is still running after the wait (a wedged executor): all things
           the model's code can cause.
 
-        Called after :meth:`destroy` it judges from what ``destroy`` saw before it killed bwrap
-        (a bwrap still running then counts as ``"model"``). Never raises.
+        Called after :meth:`destroy` it judges from what ``destroy`` saw before it killed bwrap:
+        a bwrap still running then was ended by the host, which is ``"infra"``. Never raises.
         """
         if self._destroyed:
             code, oom = self._exit_at_destroy, self._oom_at_destroy
+            if code is None:
+                return "infra"
         else:
             try:
                 code = self.proc.wait(timeout=POSTMORTEM_WAIT_S)
@@ -378,6 +380,11 @@ class ProcessBackend:
 
     def create(self) -> Sandbox:
         """Start one sandbox (cold start) and wait until its executor is ready."""
+        channel, ident = self._start()
+        return Sandbox(self.name, channel, self.limits, ident, respawn=self._start)
+
+    def _start(self) -> tuple[_ProcessChannel, str]:
+        """A fresh bubblewrap sandbox with its own cgroup and uid: its channel and its ident."""
         cgroup = None
         if self.cgroups is not None:
             try:
@@ -412,7 +419,7 @@ class ProcessBackend:
                 "namespaces here (unprivileged user namespaces disabled by sysctl or AppArmor), run as root, "
                 "allow them, or use backend='docker'"
             ) from None
-        return Sandbox(self.name, channel, self.limits, f"bwrap-{proc.pid}")
+        return channel, f"bwrap-{proc.pid}"
 
     def _spawn(self, cgroup: cgroups.SandboxCgroup | None, uid: int | None) -> subprocess.Popen[bytes]:
         """Start bwrap (as host ``uid`` when given) with the executor and the seccomp filter on fds."""

@@ -27,7 +27,8 @@ StopReason = Literal[
     "file_size",  # a file grew past max_file_size
     "disk_full",  # the work dir's tmpfs is full
     "signal",  # killed by another signal
-    "sandbox_lost",  # the sandbox itself died: an infrastructure failure, retry elsewhere
+    "crashed",  # the code brought its sandbox down (its executor died or broke protocol); replaced
+    "sandbox_lost",  # ended from outside (host evidence only): an infrastructure failure, retry elsewhere
 ]
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 
@@ -129,8 +130,13 @@ class ExecResult:
     """Type name of the Python exception the code died of, if any."""
     files: dict[str, bytes] = field(default_factory=dict)
     """Files asked for with ``return_files`` (each capped at ``max_output`` bytes)."""
+    file_errors: dict[str, str] = field(default_factory=dict)
+    """Why a ``return_files`` entry is not in ``files`` (missing, not a regular file, a link)."""
+    truncated_files: list[str] = field(default_factory=list)
+    """``return_files`` entries cut at ``max_output`` bytes."""
     session_ended: bool = False
-    """A persistent interpreter died in this run; the next persistent run starts a fresh one."""
+    """A persistent interpreter ended in this run (or its sandbox was replaced); the next persistent
+    run starts a fresh one, without the variables of before."""
     backend: str = ""
 
     @property
@@ -139,7 +145,11 @@ class ExecResult:
 
     @property
     def infra_error(self) -> bool:
-        """True when the failure is the sandbox's, not the code's: retry on a fresh sandbox."""
+        """True only when the host has evidence the infrastructure failed: retry on a fresh sandbox.
+
+        Nothing the code can do makes this True: whatever it can cause (OOM, a crashed or wedged
+        executor, floods) is a model outcome with its own reason (see ``docs/sandbox.md``).
+        """
         return self.reason == "sandbox_lost"
 
     def to_dict(self) -> dict[str, Any]:

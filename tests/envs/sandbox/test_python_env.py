@@ -124,9 +124,10 @@ def test_sandbox_destroyed_at_a_deadline_is_replaced_and_the_model_told(env: Pyt
     env.reset(seed=4)
     env.step(call("z = 1"))
     assert env._sandbox is not None
-    env._sandbox._lose()  # what the host deadline does to a wedged sandbox after a timeout result
+    env._sandbox._broken = True  # what a timeout at the host deadline or a crash leaves behind
     msgs, *_ = env.step(call("print('z' in dir())", 1))
     assert msgs[0].content.startswith("[the sandbox was replaced") and "False" in msgs[0].content
+    assert env._sandbox is not None and env._sandbox.replacements == 1
 
 
 def test_backend_that_cannot_run_fails_fast_not_as_a_model_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -227,10 +227,11 @@ def test_executor_answers_protocol_garbage_and_keeps_serving(sandbox: Sandbox) -
 
 
 class _LyingChannel:
-    """An executor that answers with whatever the test scripted (a compromised or broken one)."""
+    """An executor that answers with whatever the test scripted (a compromised or broken one);
+    ``verdict`` is what the host's postmortem finds."""
 
-    def __init__(self, replies: list[bytes]) -> None:
-        self.replies, self.destroyed = replies, False
+    def __init__(self, replies: list[bytes], verdict: str = "model") -> None:
+        self.replies, self.verdict, self.destroyed = replies, verdict, False
 
     def send(self, data: bytes) -> None:
         pass
@@ -246,6 +247,12 @@ class _LyingChannel:
     def describe(self) -> str:
         return "scripted"
 
+    def postmortem(self) -> str:
+        return self.verdict
+
+
+_GOOD = b'{"id": 2, "reason": "exited", "exit_code": 0, "stdout_b64": "MQo=", "stderr_b64": ""}'
+
 
 @pytest.mark.parametrize(
     "reply",
@@ -253,21 +260,45 @@ class _LyingChannel:
         b"not json",
         b"[1]",
         b'{"id": 1, "reason": "pwned"}',
-        b'{"id": 1, "reason": "exited", "exit_code": "zero"}',
-        b'{"id": 1, "reason": "exited", "exit_code": 0, "files": {"a": {"data": "!!not base64!!"}}}',
+        b'{"id": 1, "reason": "sandbox_lost", "stdout_b64": "", "stderr_b64": ""}',
+        b'{"id": 1, "reason": "exited", "exit_code": "zero", "stdout_b64": "", "stderr_b64": ""}',
+        b'{"id": 1, "reason": "exited", "exit_code": 0, "stdout_b64": "", "stderr_b64": "", "exc": {"forged": 1}}',
+        b'{"id": 1, "reason": "exited", "exit_code": 0, "stdout_b64": "", "stderr_b64": "", "files": {"a": {"data": "!!"}}}',
+        b'{"id": 1, "reason": "exited", "exit_code": 0, "stdout_b64": "' + b"QUFB" * 10_000 + b'", "stderr_b64": ""}',
+        b'{"id": 1, "fault": "MemoryError: "}',
         b"[" * 100_000 + b"]" * 100_000,
     ],
 )
-def test_a_lying_executor_is_a_lost_sandbox_not_a_crash(reply: bytes) -> None:
+def test_a_broken_executor_is_the_codes_outcome_and_the_sandbox_is_replaced(reply: bytes) -> None:
+    """A reply the host cannot trust, with no evidence of an outside cause, is classified as the
+    code's doing (``crashed``), never as an infrastructure failure the code could use to void its
+    episode; the next run goes to a fresh sandbox."""
+    fresh = _LyingChannel([_GOOD])
     channel = _LyingChannel([reply])
-    sb = Sandbox("scripted", channel, Limits(), "lying")
+    sb = Sandbox("scripted", channel, Limits(max_output="16k"), "lying", respawn=lambda: (fresh, "fresh"))
     r = sb.run("print(1)")
-    assert r.reason == "sandbox_lost" and r.infra_error and channel.destroyed and sb.lost
-    with pytest.raises(SandboxLost):
-        sb.run("print(1)")
+    assert r.reason == "crashed" and not r.infra_error and channel.destroyed, r
+    assert r.exception is None and r.stdout == ""
+    r = sb.run("print(1)")
+    assert r.ok and r.stdout == "1\n" and sb.ident == "fresh" and sb.replacements == 1
+
+
+@pytest.mark.parametrize("verdict,reason", [("memory", "memory"), ("infra", "sandbox_lost")])
+def test_a_broken_channel_is_judged_by_the_hosts_postmortem(verdict: str, reason: str) -> None:
+    channel = _LyingChannel([b"garbage"], verdict=verdict)
+    sb = Sandbox("scripted", channel, Limits(), "lying", respawn=lambda: (_LyingChannel([_GOOD]), "fresh"))
+    r = sb.run("print(1)", persistent=True)
+    assert r.reason == reason and r.infra_error == (verdict == "infra"), r
+    if verdict == "infra":
+        assert sb.lost
+        with pytest.raises(SandboxLost):
+            sb.run("print(1)")
+    else:
+        assert r.session_ended and sb.run("print(1)").ok
 
 
 def test_a_silent_executor_meets_the_host_deadline() -> None:
-    sb = Sandbox("scripted", _LyingChannel([]), Limits(), "silent")
+    sb = Sandbox("scripted", _LyingChannel([]), Limits(), "silent", respawn=lambda: (_LyingChannel([_GOOD]), "b"))
     r = sb.run("print(1)", timeout=0.1)
-    assert r.reason == "timeout" and sb.lost
+    assert r.reason == "timeout" and not r.infra_error
+    assert sb.run("print(1)").ok and sb.replacements == 1
