@@ -5,7 +5,11 @@ Baseline, measured in the same run: a plain unsandboxed ``python3 -c 'print(1)'`
 * **cold**: ``backend.create()`` + ``run("print(1)")`` (a new bubblewrap namespace + cgroup, or a
   new container), the sandbox destroyed afterwards (not timed).
 * **warm**: ``pool.acquire()`` + ``run("print(1)")`` from a pool that is refilled between samples;
-  release (reset + recycle) is not timed.
+  release (the sandbox is destroyed; the pool starts a fresh one in the background) is not timed.
+* **reset**: ``sandbox.reset()`` + ``run("print(1)")``: a reset replaces the sandbox by a fresh one.
+* **churn**: back-to-back episodes from a pool of 2 (acquire + ``run`` + release), with a simulated
+  50 ms of model time per episode (a sleep, labelled as such): whether the background refill keeps
+  acquires warm when nothing is ever recycled; the warm-hit share is printed.
 
 ``--parallel N`` also runs N sandboxed episodes at once (``--parallel-backend``, default process)
 and reports lost episodes and orphans (processes or containers). Usage::
@@ -80,6 +84,37 @@ def warm(name: str, n: int) -> list[float]:
         return times
 
 
+def reset(name: str, n: int) -> list[float]:
+    with make_backend(name).create() as sb:
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            sb.reset()
+            r = sb.run("print(1)")
+            times.append((time.perf_counter() - t) * 1000)
+            assert r.ok and r.stdout == "1\n", r
+        return times
+
+
+MODEL_TIME_S = 0.05
+"""Simulated model time per episode in the churn rows (a sleep, not a model)."""
+
+
+def churn(name: str, n: int) -> tuple[list[float], float]:
+    with SandboxPool(name, size=2) as pool:
+        pool.wait_ready(120)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            sb = pool.acquire()
+            r = sb.run("print(1)")
+            times.append((time.perf_counter() - t) * 1000)
+            assert r.ok and r.stdout == "1\n", r
+            time.sleep(MODEL_TIME_S)
+            pool.release(sb)
+        return times, pool.stats.warm_hits / max(1, pool.stats.acquired)
+
+
 def parallel(n: int, name: str) -> None:
     from agentrl.envs.sandbox import Limits
 
@@ -107,7 +142,7 @@ def parallel(n: int, name: str) -> None:
     print(
         f"\n{n} parallel episodes (2 runs each, {name} backend): {sum(ok)}/{n} correct, "
         f"{n - sum(ok)} lost, {len(orphans)} orphan processes or containers, {wall:.1f} s wall, "
-        f"{stats.created} sandboxes created, {stats.recycled} recycled"
+        f"{stats.created} sandboxes created, {stats.warm_hits} warm acquires"
     )
 
 
@@ -141,6 +176,9 @@ def main() -> None:
         try:
             rows.append((name, "cold", cold(name, args.cold)))
             rows.append((name, "warm", warm(name, args.warm)))
+            rows.append((name, "reset", reset(name, args.cold)))
+            times, hits = churn(name, args.warm)
+            rows.append((f"{name} ({hits:.0%} warm)", "churn", times))
         except SandboxUnavailable as e:
             print(f"{name}: skipped ({e})")
     print(f"\n{'backend':32} {'start':5} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'p50 / baseline':>15}")

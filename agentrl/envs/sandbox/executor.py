@@ -603,13 +603,16 @@ class Executor:
                 self.session = Worker(req, persistent=True)
             worker = self.session
             cpu_soft = _proc_cpu_seconds(worker.pid) + cpu if cpu > 0 else 0.0
+            # Continued before its cell is sent: it then blocks reading the cell, so the next stop
+            # it reports can only be the end of this cell (sent after, a fast cell could stop
+            # before the continue and the continue would run it past its own end).
+            worker.resume()
             try:
                 _write_all(worker.cmd, struct.pack("!Id", len(payload), cpu_soft) + payload)
             except OSError:  # it died after the check: start a fresh one
                 self.end_session()
                 restarted = True
                 continue
-            worker.resume()
             return worker, restarted
         raise OSError(errno.EAGAIN, "the persistent interpreter could not be started")
 

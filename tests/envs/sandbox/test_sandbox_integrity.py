@@ -188,6 +188,33 @@ def test_a_cell_that_stops_itself_early_keeps_nothing_running(sandbox: Sandbox) 
     assert r.ok and "late.txt" not in r.stdout, r  # the thread did not run between the runs
 
 
+def test_quick_cells_under_contention_each_end_on_their_own_stop(backend: Backend) -> None:
+    """A cell can finish before the executor has continued its interpreter; it must still be seen
+    to end (it once ran on past its stop and its run hung until the deadline)."""
+    import threading
+
+    sandboxes = [backend.create() for _ in range(4)]
+    bad: list[object] = []
+
+    def cells(sb: Sandbox) -> None:
+        for i in range(40):
+            r = sb.run(f"x = {i}", persistent=True, timeout=5)
+            if not r.ok:
+                bad.append(r)
+
+    try:
+        threads = [threading.Thread(target=cells, args=(sb,)) for sb in sandboxes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert bad == []
+        assert [sb.run("print(x)", persistent=True).stdout for sb in sandboxes] == ["39\n"] * 4
+    finally:
+        for sb in sandboxes:
+            sb.close()
+
+
 # ------------------------------------------------------------------------------ special files
 def test_a_fifo_at_an_input_path_is_replaced_not_a_hang(sandbox: Sandbox) -> None:
     assert sandbox.run("import os\nos.mkfifo('/work/check.py')\nos.makedirs('/work/d/e')\nos.mkfifo('/work/d/e/f')").ok
