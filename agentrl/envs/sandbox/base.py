@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from agentrl.envs.sandbox.errors import SandboxError, SandboxInputError, SandboxLost
-from agentrl.envs.sandbox.types import STOP_REASONS, ExecResult, Limits
+from agentrl.envs.sandbox.types import STOP_REASONS, ExecResult, Limits, StopReason
 
 __all__ = ["HOST_GRACE_S", "Channel", "Sandbox", "executor_source", "validate_run"]
 
@@ -389,7 +389,14 @@ class Sandbox:
         if e.timed_out:  # the executor did not answer by the host deadline: wedged by the code
             self._broken = True
             return ExecResult(
-                "timeout", None, None, "", "", wall_time=req["timeout"], session_ended=ended, backend=self.backend
+                "timeout",
+                None,
+                None,
+                "",
+                "",
+                wall_time=req["timeout"],
+                session_ended=ended,
+                backend=self.backend,
             )
         if e.verdict == "infra":
             self.lost = self.closed = True
@@ -400,7 +407,7 @@ class Sandbox:
                 backend=self.backend,
             )  # fmt: skip
         self._broken = True
-        reason = "memory" if e.verdict == "memory" else "crashed"
+        reason: StopReason = "memory" if e.verdict == "memory" else "crashed"
         return ExecResult(reason, None, None, "", "", session_ended=ended, backend=self.backend)
 
     def _request(self, req: dict[str, Any], wait_s: float) -> dict[str, Any]:
@@ -430,7 +437,9 @@ class Sandbox:
         try:
             return _parse_reply(r, req, int(self.limits.max_output_bytes), self.backend)
         except (TypeError, ValueError, KeyError, binascii.Error) as e:  # a reply we cannot trust
-            raise _Broken(f"malformed result ({type(e).__name__}: {str(e)[:_ERROR_MAX]})", self._channel.postmortem()) from None
+            raise _Broken(
+                f"malformed result ({type(e).__name__}: {str(e)[:_ERROR_MAX]})", self._channel.postmortem()
+            ) from None
 
 
 def _b64_capped(value: Any, cap: int, what: str) -> bytes:

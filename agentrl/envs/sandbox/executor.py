@@ -557,7 +557,9 @@ class Executor:
         except OSError as e:  # the code filled the disk or memory before this run: its outcome
             reason = _ERRNO_REASON.get(e.errno)
             if reason is None:
-                return {"error": "could not write an input file: %s" % (os.strerror(e.errno) if e.errno else e,)}
+                return {
+                    "error": "could not write an input file: %s" % (os.strerror(e.errno) if e.errno else e,)
+                }
             return _no_run(reason, "could not write an input file: %s" % os.strerror(e.errno), t0)
         persistent = bool(req.get("persistent")) and req.get("cmd") is None
         counters = (_read_counter("oom_kill"), _read_counter("pids_max"))
@@ -569,7 +571,9 @@ class Executor:
                 worker = Worker(req, persistent=False)
         except OSError as e:  # fork refused: the code holds the pids or the memory of the sandbox
             self.settle()
-            return _no_run(_ERRNO_REASON.get(e.errno, "pids"), "could not start the run: %s" % e, t0, restarted)
+            return _no_run(
+                _ERRNO_REASON.get(e.errno, "pids"), "could not start the run: %s" % e, t0, restarted
+            )
         result = self._wait(worker, req, t0)
         result["session_ended"] = restarted
         if worker is self.session:
@@ -720,14 +724,21 @@ class Executor:
                     sink.feed(chunk)
 
 
-_ERRNO_REASON = {errno.ENOSPC: "disk_full", errno.EDQUOT: "disk_full", errno.ENOMEM: "memory", errno.EAGAIN: "pids"}
+_ERRNO_REASON = {
+    errno.ENOSPC: "disk_full",
+    errno.EDQUOT: "disk_full",
+    errno.ENOMEM: "memory",
+    errno.EAGAIN: "pids",
+}
 
 
 def _no_run(reason: str, note: str, t0: float, session_ended: bool = False) -> dict:
     """The result of a run that could not start because of what earlier code left behind."""
     return {
         "stdout_b64": "",
-        "stderr_b64": binascii.b2a_base64(("[sandbox] %s\n" % note)[:300].encode("utf-8"), newline=False).decode(),
+        "stderr_b64": binascii.b2a_base64(
+            ("[sandbox] %s\n" % note)[:300].encode("utf-8"), newline=False
+        ).decode(),
         "stdout_truncated": False,
         "stderr_truncated": False,
         "exit_code": None,
@@ -918,7 +929,10 @@ def _write_files(files: dict) -> None:
             except FileNotFoundError:
                 pass
             fd = os.open(
-                parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent
+                parts[-1],
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+                dir_fd=parent,
             )
         finally:
             os.close(parent)
@@ -956,7 +970,10 @@ def _read_file(rel: str, cap: int) -> dict:
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    return {"data": binascii.b2a_base64(data[:cap], newline=False).decode("ascii"), "truncated": len(data) > cap}
+    return {
+        "data": binascii.b2a_base64(data[:cap], newline=False).decode("ascii"),
+        "truncated": len(data) > cap,
+    }
 
 
 def _kind(mode: int) -> str:

@@ -40,8 +40,10 @@ from agentrl.envs.sandbox import cgroups, seccomp
 from agentrl.envs.sandbox.base import (
     EXECUTOR_IN_SANDBOX,
     READY_TIMEOUT_S,
+    Channel,
     LineChannel,
     Sandbox,
+    Verdict,
     executor_source,
 )
 from agentrl.envs.sandbox.errors import SandboxLost, SandboxUnavailable
@@ -132,7 +134,7 @@ class _ProcessChannel(LineChannel):
     def describe(self) -> str:
         return f"bwrap pid {self.proc.pid}"
 
-    def postmortem(self) -> str:
+    def postmortem(self) -> Verdict:
         """Who broke this channel: ``"infra"``, ``"memory"`` or ``"model"``.
 
         Call it after the channel broke (EOF, garbage, a missed deadline) and before
@@ -383,7 +385,7 @@ class ProcessBackend:
         channel, ident = self._start()
         return Sandbox(self.name, channel, self.limits, ident, respawn=self._start)
 
-    def _start(self) -> tuple[_ProcessChannel, str]:
+    def _start(self) -> tuple[Channel, str]:
         """A fresh bubblewrap sandbox with its own cgroup and uid: its channel and its ident."""
         cgroup = None
         if self.cgroups is not None:

@@ -264,7 +264,9 @@ _GOOD = b'{"id": 2, "reason": "exited", "exit_code": 0, "stdout_b64": "MQo=", "s
         b'{"id": 1, "reason": "exited", "exit_code": "zero", "stdout_b64": "", "stderr_b64": ""}',
         b'{"id": 1, "reason": "exited", "exit_code": 0, "stdout_b64": "", "stderr_b64": "", "exc": {"forged": 1}}',
         b'{"id": 1, "reason": "exited", "exit_code": 0, "stdout_b64": "", "stderr_b64": "", "files": {"a": {"data": "!!"}}}',
-        b'{"id": 1, "reason": "exited", "exit_code": 0, "stdout_b64": "' + b"QUFB" * 10_000 + b'", "stderr_b64": ""}',
+        b'{"id": 1, "reason": "exited", "exit_code": 0, "stdout_b64": "'
+        + b"QUFB" * 10_000
+        + b'", "stderr_b64": ""}',
         b'{"id": 1, "fault": "MemoryError: "}',
         b"[" * 100_000 + b"]" * 100_000,
     ],
@@ -298,7 +300,9 @@ def test_a_broken_channel_is_judged_by_the_hosts_postmortem(verdict: str, reason
 
 
 def test_a_silent_executor_meets_the_host_deadline() -> None:
-    sb = Sandbox("scripted", _LyingChannel([]), Limits(), "silent", respawn=lambda: (_LyingChannel([_GOOD]), "b"))
+    sb = Sandbox(
+        "scripted", _LyingChannel([]), Limits(), "silent", respawn=lambda: (_LyingChannel([_GOOD]), "b")
+    )
     r = sb.run("print(1)", timeout=0.1)
     assert r.reason == "timeout" and not r.infra_error
     assert sb.run("print(1)").ok and sb.replacements == 1

@@ -52,12 +52,16 @@ def test_a_status_line_written_by_the_code_is_not_the_runs_result(sandbox: Sandb
     r = sandbox.run(f"import os\nos.write(3, {FORGED!r})\nos._exit(0)")
     assert r.reason == "exited" and r.exit_code == 1 and r.exception == "OSError", r
     assert "Bad file descriptor" in r.stderr
-    r = sandbox.run(f"import os, sys\nprint('done')\nfor fd in range(3, 64):\n    try: os.write(fd, {FORGED!r})\n    except OSError: pass\n")
+    r = sandbox.run(
+        f"import os, sys\nprint('done')\nfor fd in range(3, 64):\n    try: os.write(fd, {FORGED!r})\n    except OSError: pass\n"
+    )
     assert r.ok and r.stdout == "done\n" and r.exception is None, r
 
 
 def test_a_forged_traceback_only_describes_the_codes_own_run(sandbox: Sandbox) -> None:
-    r = sandbox.run("import sys\nsys.stderr.write('Traceback (most recent call last):\\nOSError: [Errno 28] x\\n')")
+    r = sandbox.run(
+        "import sys\nsys.stderr.write('Traceback (most recent call last):\\nOSError: [Errno 28] x\\n')"
+    )
     assert r.ok and r.reason == "exited", r  # it exited 0: no exception, no disk_full
     assert r.exception is None
 
@@ -217,7 +221,9 @@ def test_quick_cells_under_contention_each_end_on_their_own_stop(backend: Backen
 
 # ------------------------------------------------------------------------------ special files
 def test_a_fifo_at_an_input_path_is_replaced_not_a_hang(sandbox: Sandbox) -> None:
-    assert sandbox.run("import os\nos.mkfifo('/work/check.py')\nos.makedirs('/work/d/e')\nos.mkfifo('/work/d/e/f')").ok
+    assert sandbox.run(
+        "import os\nos.mkfifo('/work/check.py')\nos.makedirs('/work/d/e')\nos.mkfifo('/work/d/e/f')"
+    ).ok
     t0 = time.monotonic()
     r = sandbox.run(cmd="cat check.py d/e/f", files={"check.py": "a\n", "d/e/f": "b\n"}, timeout=3)
     assert r.ok and r.stdout == "a\nb\n" and time.monotonic() - t0 < 2.5, r
