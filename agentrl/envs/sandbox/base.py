@@ -382,23 +382,13 @@ class Sandbox:
         self._broken = False
 
     def _broken_result(self, e: _Broken, req: dict[str, Any]) -> ExecResult:
-        """The result of a run under which the channel broke; the code's doing unless proven otherwise."""
+        """The result of a run under which the channel broke; the code's doing unless proven otherwise.
+
+        The sandbox goes, and its persistent interpreter with it, whatever kind of run broke it.
+        """
         self._check_usable()  # closed under the run by its owner or by an expired lease: say so
         self._channel.destroy()
-        ended = bool(req.get("persistent"))
-        if e.timed_out:  # the executor did not answer by the host deadline: wedged by the code
-            self._broken = True
-            return ExecResult(
-                "timeout",
-                None,
-                None,
-                "",
-                "",
-                wall_time=req["timeout"],
-                session_ended=ended,
-                backend=self.backend,
-            )
-        if e.verdict == "infra":
+        if e.verdict == "infra" and not e.timed_out:
             self.lost = self.closed = True
             return ExecResult(
                 "sandbox_lost", None, None, "",
@@ -407,8 +397,12 @@ class Sandbox:
                 backend=self.backend,
             )  # fmt: skip
         self._broken = True
-        reason: StopReason = "memory" if e.verdict == "memory" else "crashed"
-        return ExecResult(reason, None, None, "", "", session_ended=ended, backend=self.backend)
+        # No reply by the host deadline: the code wedged its executor.
+        reason: StopReason = "timeout" if e.timed_out else "memory" if e.verdict == "memory" else "crashed"
+        wall = req["timeout"] if e.timed_out else 0.0
+        return ExecResult(
+            reason, None, None, "", "", wall_time=wall, session_ended=True, backend=self.backend
+        )
 
     def _request(self, req: dict[str, Any], wait_s: float) -> dict[str, Any]:
         """Send one request and return its reply; raises _Broken with the channel's verdict."""
