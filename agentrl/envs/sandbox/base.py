@@ -388,7 +388,7 @@ class Sandbox:
         """
         self._check_usable()  # closed under the run by its owner or by an expired lease: say so
         self._channel.destroy()
-        if e.verdict == "infra" and not e.timed_out:
+        if e.verdict == "infra":
             self.lost = self.closed = True
             return ExecResult(
                 "sandbox_lost", None, None, "",
@@ -421,8 +421,10 @@ class Sandbox:
                         raise ValueError("reply is not an object")
                     if reply.get("id") == req["id"]:
                         return reply
-            except TimeoutError:
-                raise _Broken("no reply by the host deadline", "model", timed_out=True) from None
+            except TimeoutError:  # wedged by the code, unless the host finds an outside cause (a pause)
+                raise _Broken(
+                    "no reply by the host deadline", self._channel.postmortem(), timed_out=True
+                ) from None
             except (SandboxLost, OSError, ValueError, RecursionError) as e:
                 raise _Broken(str(e)[:_ERROR_MAX], self._channel.postmortem()) from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,6 +206,16 @@ def test_postmortem_blames_infrastructure_for_a_paused_container(sandboxes: list
     sb = _new(sandboxes)
     _docker("pause", _cid(sb))
     assert sb._channel.postmortem() == "infra"
+
+
+def test_a_run_frozen_from_outside_is_lost_not_a_timeout(sandboxes: list[Sandbox]) -> None:
+    """No reply by the host deadline is the code's timeout, unless the engine saw the container
+    paused from outside: then the infrastructure failed and the episode is retried, not scored."""
+    sb = _new(sandboxes)
+    cid = _cid(sb)
+    threading.Timer(0.3, _docker, args=("pause", cid)).start()
+    r = sb.run("import time\ntime.sleep(1)\nprint('done')", timeout=1)
+    assert r.reason == "sandbox_lost" and r.infra_error, r
 
 
 def test_postmortem_blames_the_model_when_the_executor_exits_on_its_own(sandboxes: list[Sandbox]) -> None:
