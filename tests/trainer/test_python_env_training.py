@@ -20,11 +20,25 @@ from agentrl.trainer.metrics import read_jsonl
 
 MODEL = "tiny-qwen3"
 SMALL = {
-    "model": MODEL, "env": "python-v0", "group_size": 2, "tasks_per_step": 2, "max_turns": 2, "eval_episodes": 1,
-    "eval_every": 0, "threads": 1, "progress": False, "tensorboard": False,
+    "model": MODEL,
+    "env": "python-v0",
+    "group_size": 2,
+    "tasks_per_step": 2,
+    "max_turns": 2,
+    "eval_episodes": 1,
+    "eval_every": 0,
+    "threads": 1,
+    "progress": False,
+    "tensorboard": False,
 }
-STATUS_KEYS = ("rollout/episodes_ok", "rollout/episodes_model_error", "rollout/episodes_infra_error",
-               "rollout/infra_retries", "rollout/groups", "rollout/groups_dropped")
+STATUS_KEYS = (
+    "rollout/episodes_ok",
+    "rollout/episodes_model_error",
+    "rollout/episodes_infra_error",
+    "rollout/infra_retries",
+    "rollout/groups",
+    "rollout/groups_dropped",
+)
 
 
 def _quiet() -> Console:
@@ -44,7 +58,12 @@ def test_python_env_trains_and_counts_every_episodes_status(tmp_path: Path) -> N
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert all(k in r for k in STATUS_KEYS), sorted(r)
-        assert r["rollout/episodes_infra_error"] == r["rollout/infra_retries"] == r["rollout/groups_dropped"] == 0
+        assert (
+            r["rollout/episodes_infra_error"]
+            == r["rollout/infra_retries"]
+            == r["rollout/groups_dropped"]
+            == 0
+        )
         # every episode of the batch ended scored (trained on), none dropped or left unaccounted for
         assert r["rollout/episodes_ok"] + r["rollout/episodes_model_error"] == cfg.batch_size
         assert r["rollout/groups"] == cfg.rollout.tasks_per_step
@@ -53,7 +72,7 @@ def test_python_env_trains_and_counts_every_episodes_status(tmp_path: Path) -> N
 
 
 TRICKS = [
-    "import os; os.write(3, b'{\"exit_code\":0,\"exc\":{\"forged\":[1,2]},\"errno\":28}\\n'); os._exit(0)",
+    'import os; os.write(3, b\'{"exit_code":0,"exc":{"forged":[1,2]},"errno":28}\\n\'); os._exit(0)',
     "import os; os.write(3, b'x' * 3_000_000)",
     "print('the ' * 1_000_000)",  # 4 MB; text that tokenizes compactly, so the clipped result fits the context
     "x = bytearray(10**10)",
@@ -72,7 +91,9 @@ class TrickEngine(HFEngine):
         self.tok = load_tokenizer(MODEL)
         self.tricks = itertools.cycle(TRICKS)
 
-    async def generate(self, input_ids: list[int], sampling: Any = None, *, request_id: str | None = None) -> Generation:
+    async def generate(
+        self, input_ids: list[int], sampling: Any = None, *, request_id: str | None = None
+    ) -> Generation:
         self._validate_prompt(input_ids, sampling)  # the real engine's context check
         prompt = self.tok.decode(input_ids)
         if "<tool_response>" in prompt:
@@ -87,7 +108,9 @@ class TrickEngine(HFEngine):
         return Generation(ids, [-1.0] * len(ids), "stop", v, [v] * len(ids), request_id or "", len(input_ids))
 
 
-def test_sandbox_tricks_are_scored_failures_not_retries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sandbox_tricks_are_scored_failures_not_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("agentrl.engines.hf.HFEngine", TrickEngine)
     TrickEngine.shown = []
     cfg = resolve(**SMALL, max_new_tokens=96, sft_steps=0, steps=2, run_dir=str(tmp_path))
@@ -95,8 +118,16 @@ def test_sandbox_tricks_are_scored_failures_not_retries(tmp_path: Path, monkeypa
     assert summary.steps == 2
     for r in _rows(tmp_path, "train"):
         assert (r["rollout/episodes_ok"], r["rollout/groups"]) == (cfg.batch_size, cfg.rollout.tasks_per_step)
-        assert r["rollout/episodes_infra_error"] == r["rollout/infra_retries"] == r["rollout/groups_dropped"] == 0
-        assert (r["rollout/reward"], r["rollout/turns"]) == (0.0, 2.0)  # scored, after the model saw its result
+        assert (
+            r["rollout/episodes_infra_error"]
+            == r["rollout/infra_retries"]
+            == r["rollout/groups_dropped"]
+            == 0
+        )
+        assert (r["rollout/reward"], r["rollout/turns"]) == (
+            0.0,
+            2.0,
+        )  # scored, after the model saw its result
     # one tool result per episode (a retried episode would have replayed its trick): 2 steps and 2 evals
     shown = TrickEngine.shown
     assert len(shown) == 2 * cfg.batch_size + 2 * cfg.rollout.eval_episodes

@@ -153,22 +153,31 @@ def test_bad_options_fail_fast() -> None:
 
 # ---------------------------------------------------------------- what the model's code does to its sandbox is its own failure
 
-FORGED_STATUS = "import os; os.write(3, b'{\"exit_code\":0,\"exc\":{\"forged\":[1,2]},\"errno\":28}\\n'); os._exit(0)"
+FORGED_STATUS = (
+    'import os; os.write(3, b\'{"exit_code":0,"exc":{"forged":[1,2]},"errno":28}\\n\'); os._exit(0)'
+)
 """The old executor read its status from fd 3: this line would have reported a clean exit (or a full disk)."""
 
 SANDBOX_TRICKS = {
     # name: (code, the ways the tool message may start, each with a detail it must then show)
     "forged status on fd 3": (FORGED_STATUS, [("[exit code 1]", "OSError: [Errno 9] Bad file descriptor")]),
-    "3 MB written to fd 3": ("import os; os.write(3, b'x' * 3_000_000)", [("[exit code 1]", "Bad file descriptor")]),
+    "3 MB written to fd 3": (
+        "import os; os.write(3, b'x' * 3_000_000)",
+        [("[exit code 1]", "Bad file descriptor")],
+    ),
     "forged status on every fd": (
         "import os\nfor fd in range(3, 1024):\n    try: os.write(fd, b'{\"exit_code\": 7}\\n')\n    except OSError: pass\n"
         "print('wrote')",
         [("[exit code 0]", "stdout:\nwrote\n")],
     ),
-    "3 MB of control bytes on stdout": ("print('\\x01' * 3_000_000)", [("[stopped: output limit]", "[truncated]")]),
+    "3 MB of control bytes on stdout": (
+        "print('\\x01' * 3_000_000)",
+        [("[stopped: output limit]", "[truncated]")],
+    ),
     "printing forever": ("while True: print('spam' * 100)", [("[stopped: output limit]", "[truncated]")]),
     "one 10 GB allocation": (
-        "x = bytearray(10**10)", [("[stopped: memory limit]", ""), ("[exit code 1]", "MemoryError")],
+        "x = bytearray(10**10)",
+        [("[stopped: memory limit]", ""), ("[exit code 1]", "MemoryError")],
     ),
     "allocating 50 MB chunks forever": (
         "chunks = []\nwhile True: chunks.append(bytearray(50 * 2**20))",
@@ -187,7 +196,9 @@ def test_code_attacking_its_sandbox_gets_a_tool_result_and_the_episode_is_scored
     msgs, reward, terminated, truncated, info = env.step(call(code))
     (msg,) = msgs
     assert msg.role == "tool"
-    assert any(msg.content.startswith(start) and detail in msg.content for start, detail in outcomes), msg.content[:400]
+    assert any(msg.content.startswith(start) and detail in msg.content for start, detail in outcomes), (
+        msg.content[:400]
+    )
     assert "disk full" not in msg.content and "sandbox failed" not in msg.content
     assert len(msg.content) < 10_000  # a flood reaches the model clipped, and it is told so
     assert (reward, terminated, truncated, info["tool_errors"]) == (0.0, False, False, 0)
