@@ -58,7 +58,7 @@ SAY = {"role": "assistant", "content": "<answer>(3+5)*2</answer>"}
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     config = ServerConfig(env_ids=["countdown-v0", "calculator-v0", "test-server-slow-v0"],
-                          step_timeout_s=0.5, max_body_bytes=20_000)
+                          step_timeout_s=1.5, max_body_bytes=20_000)
     with ServerThread(config) as u:
         yield u
 
@@ -181,7 +181,7 @@ def test_step_deadline_marks_infra_error_and_server_keeps_serving(url: str, http
     done.set()
     t.join()
     assert r.status_code == 504
-    assert r.json() == {"detail": f"episode {eid!r}: step exceeded the 0.5 s deadline; "
+    assert r.json() == {"detail": f"episode {eid!r}: step exceeded the 1.5 s deadline; "
                                   "the episode is marked infra_error: timeout", "infra_error": "timeout"}
     assert health_while_stuck and set(health_while_stuck) == {200}  # the event loop never blocked
     r = http.post(f"/episodes/{eid}/step", json={"action": {"role": "assistant", "content": "go"}})
@@ -269,7 +269,7 @@ def test_remote_env_typed_errors_and_no_unsafe_retry(url: str) -> None:
     assert STEPS == ["once"]  # a step that may have reached the server is never sent twice
     slow = RemoteEnv(url, "test-server-slow-v0", env_kwargs={"delay": 2.0})
     slow.reset()
-    with pytest.raises(EpisodeTimeoutError, match="exceeded the 0.5 s deadline") as te:
+    with pytest.raises(EpisodeTimeoutError, match="exceeded the 1.5 s deadline") as te:
         slow.step(Message(role="assistant", content="go"))
     assert (te.value.status, te.value.infra_error) == (504, "timeout")
     with pytest.raises(EnvServerError, match="unknown env 'nope-v0'") as se:
