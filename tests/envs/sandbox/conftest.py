@@ -39,3 +39,13 @@ def _close_pools() -> Iterator[None]:
     yield
     for pool in _pools.values():
         pool.close()
+
+
+@pytest.fixture
+def sandboxes() -> Iterator[list[Sandbox]]:
+    """Fresh sandboxes a test starts itself (not pooled: each needs its own uid or container);
+    every one is closed at the end."""
+    made: list[Sandbox] = []
+    yield made
+    for sb in made:
+        sb.close()

@@ -12,7 +12,6 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,6 @@ def _backend() -> DockerBackend:
     backend = get_backend("docker")
     assert isinstance(backend, DockerBackend)
     return backend
-
-
-@pytest.fixture
-def sandboxes() -> Iterator[list[Sandbox]]:
-    """Fresh sandboxes (not pooled: each test needs its own containers); closed at the end."""
-    made: list[Sandbox] = []
-    yield made
-    for sb in made:
-        sb.close()
 
 
 def _new(made: list[Sandbox], backend: DockerBackend | None = None) -> Sandbox:

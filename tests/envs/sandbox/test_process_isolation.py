@@ -12,7 +12,6 @@ import json
 import os
 import secrets
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,15 +33,6 @@ needs_filter = pytest.mark.skipif(
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="not root: every sandbox runs as the caller, so uids cannot differ"
 )
-
-
-@pytest.fixture
-def sandboxes() -> Iterator[list[Sandbox]]:
-    """Fresh sandboxes (not pooled: each test needs its own uids); closed at the end."""
-    made: list[Sandbox] = []
-    yield made
-    for sb in made:
-        sb.close()
 
 
 def _new(made: list[Sandbox]) -> Sandbox:
