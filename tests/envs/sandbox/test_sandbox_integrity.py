@@ -280,6 +280,7 @@ _LEAVE_BEHIND = (
     "addr = libc.shmat(sid, None, 0)\n"
     "ctypes.memset(addr, 7, size)\n"
     "assert libc.msgget(0x5eD, 0o1666) >= 0 and libc.semget(0x5eE, 1, 0o1666) >= 0\n"
+    "assert libc.mq_open(b'/agentrl-left', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0\n"
     "deep = '/work/' + '/'.join(['d' * 200] * 30)\n"  # deeper than PATH_MAX
     "os.makedirs('/work/' + 'd' * 200)\n"
     "os.chdir('/work/' + 'd' * 200)\n"
@@ -297,9 +298,11 @@ _LEAVE_BEHIND = (
     "print('left')\n"
 )
 _LOOK = (
-    "import os\n"
+    "import ctypes, os\n"
     "ipc = [open('/proc/sysvipc/' + k).read().count('\\n') - 1 for k in ('shm', 'msg', 'sem')]\n"
-    "print(ipc, sorted(os.listdir('/work')), sorted(os.listdir('/tmp')))\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "mq = libc.mq_open(b'/agentrl-left', os.O_RDONLY), ctypes.get_errno()\n"
+    "print(ipc, mq, sorted(os.listdir('/work')), sorted(os.listdir('/tmp')))\n"
     "x = bytearray(120 << 20)\n"
     "for i in range(0, len(x), 4096):\n"
     "    x[i] = 1\n"
@@ -309,7 +312,7 @@ _LOOK = (
 
 def _assert_fresh(sb: Sandbox) -> None:
     r = sb.run(_LOOK)
-    assert r.ok and r.stdout == "[0, 0, 0] [] []\nallocated\n", r
+    assert r.ok and r.stdout == "[0, 0, 0] (-1, 2) [] []\nallocated\n", r  # mq_open: ENOENT
 
 
 def test_reset_leaves_nothing_of_before(sandbox: Sandbox) -> None:
