@@ -203,7 +203,6 @@ def _proc_cpu_seconds(pid: int) -> float:
 # cells), 1 and 2 (its output pipes). It has no channel to this executor: everything the result
 # says is what the executor saw itself (wait status, stop, output, counters), so the model's code
 # cannot speak for the executor.
-CELL_DONE = "SIGSTOP"  # a persistent worker stops itself after each cell; the executor sees the stop
 
 
 def _child_setup(req: dict, fds: list) -> None:

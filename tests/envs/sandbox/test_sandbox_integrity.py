@@ -113,6 +113,29 @@ def test_memory_pinned_in_sysv_shm_is_a_memory_result_not_a_lost_sandbox(sandbox
     assert "sandbox_lost" not in seen and seen[-1] == "exited", seen
 
 
+def test_pids_held_by_the_interpreter_make_later_runs_a_pids_result(sandbox: Sandbox) -> None:
+    """Threads parked in the persistent interpreter hold the sandbox's pids, so the executor cannot
+    fork the next run: that is the code's outcome (``pids``), not a refusal or a lost sandbox."""
+    r = sandbox.run(
+        "import threading, time\n"
+        "ts = []\n"
+        "try:\n"
+        "    while True:\n"
+        "        t = threading.Thread(target=time.sleep, args=(1000,), daemon=True)\n"
+        "        t.start()\n"
+        "        ts.append(t)\n"
+        "except RuntimeError:\n"
+        "    print('held')\n",
+        persistent=True,
+    )
+    assert r.ok and r.stdout == "held\n", r
+    for kwargs in ({"code": "print(1)"}, {"cmd": "echo 1"}):
+        r = sandbox.run(**kwargs)  # type: ignore[arg-type]
+        assert r.reason == "pids" and not r.infra_error and "could not start the run" in r.stderr, r
+    r = sandbox.run("print(len(ts) > 10)", persistent=True)  # the interpreter itself goes on
+    assert r.ok and r.stdout == "True\n", r
+
+
 # ------------------------------------------------------------------------------ persistent sessions
 def test_a_persistent_interpreter_runs_only_inside_runs(sandbox: Sandbox) -> None:
     r = sandbox.run(
