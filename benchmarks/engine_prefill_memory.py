@@ -57,8 +57,12 @@ def main() -> int:
     for n in args.tokens:
         res = {}
         for name, c in (("one forward", n + 1), ("chunked", chunk)):
-            out = subprocess.run([sys.executable, __file__, "--_child", args.model, str(n), str(c)],
-                                 capture_output=True, text=True, timeout=3600)
+            out = subprocess.run(
+                [sys.executable, __file__, "--_child", args.model, str(n), str(c)],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
             if out.returncode != 0:
                 raise SystemExit(f"{name} at {n} tokens failed:\n{out.stderr[-2000:]}")
             res[name] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -70,8 +74,10 @@ def main() -> int:
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n, a, b in rows:
         grow_a, grow_b = a["peak_mb"] - a["base_mb"], b["peak_mb"] - b["base_mb"]
-        print(f"| {n:,} | {a['peak_mb']:,.0f} | {a['seconds']:.1f} | {b['peak_mb']:,.0f} | {b['seconds']:.1f} | "
-              f"{grow_a / max(grow_b, 1):.1f}x less growth | {a['seconds'] / b['seconds']:.2f}x |")
+        print(
+            f"| {n:,} | {a['peak_mb']:,.0f} | {a['seconds']:.1f} | {b['peak_mb']:,.0f} | {b['seconds']:.1f} | "
+            f"{grow_a / max(grow_b, 1):.1f}x less growth | {a['seconds'] / b['seconds']:.2f}x |"
+        )
     return 0
 
 

@@ -125,7 +125,7 @@ async def _episode_worker(
             else:
                 errors.append(f"step {status} {body[:100]!r}")
         await conn.post(f"/episodes/{eid}", b"", method=b"DELETE")
-    except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as e:
+    except (TimeoutError, OSError, asyncio.IncompleteReadError) as e:
         errors.append(f"connection: {type(e).__name__}: {e}")
     writer.close()
 

@@ -49,9 +49,20 @@ def _config(args: argparse.Namespace, model_dir: str, **overrides: Any) -> Any:
     from agentrl.trainer.config import resolve
 
     return resolve(
-        model=model_dir, group_size=args.group_size, tasks_per_step=args.prompts,
-        max_new_tokens=args.max_new_tokens, lr=1e-5, clip_high=0.2, threads=args.threads, sft_steps=0,
-        steps=args.steps + 1, eval_every=0, eval_episodes=1, progress=False, tensorboard=False, **overrides,
+        model=model_dir,
+        group_size=args.group_size,
+        tasks_per_step=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        lr=1e-5,
+        clip_high=0.2,
+        threads=args.threads,
+        sft_steps=0,
+        steps=args.steps + 1,
+        eval_every=0,
+        eval_episodes=1,
+        progress=False,
+        tensorboard=False,
+        **overrides,
     )
 
 
@@ -63,14 +74,21 @@ def agentrl_round(args: argparse.Namespace, model_dir: str, max_staleness: int =
     from agentrl.trainer.metrics import read_jsonl
 
     with tempfile.TemporaryDirectory() as run_dir:
-        train(_config(args, model_dir, max_staleness=max_staleness, run_dir=run_dir),
-              console=Console(file=io.StringIO()))
+        train(
+            _config(args, model_dir, max_staleness=max_staleness, run_dir=run_dir),
+            console=Console(file=io.StringIO()),
+        )
         rows = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if r["kind"] == "train"][1:]
     # time/step runs from the wait for a step's rollout to the end of its weight sync, so the steps
     # tile the loop's wall time (less its logging)
     wall = sum(r["time/step"] for r in rows)
-    keys = {"rollout": "time/rollout", "wait": "time/rollout_wait", "train": "time/train", "sync": "time/sync",
-            "length": "rollout/completion_tokens"}
+    keys = {
+        "rollout": "time/rollout",
+        "wait": "time/rollout_wait",
+        "train": "time/train",
+        "sync": "time/sync",
+        "length": "rollout/completion_tokens",
+    }
     out: dict[str, Any] = {k: statistics.mean(r[key] for r in rows) for k, key in keys.items()}
     out["stale"] = max(r.get("train/staleness_max", 0.0) for r in rows)
     out["samples_per_s"] = len(rows) * args.prompts * args.group_size / wall
@@ -153,8 +171,10 @@ def trl_round(args: argparse.Namespace, model_dir: str) -> dict[str, Any]:
         )
         trainer.train()
     measured = times[1:]
-    return {"samples_per_s": len(measured) * args.prompts * args.group_size / sum(measured),
-            "length": statistics.mean(lengths[1:] or lengths or [float("nan")])}
+    return {
+        "samples_per_s": len(measured) * args.prompts * args.group_size / sum(measured),
+        "length": statistics.mean(lengths[1:] or lengths or [float("nan")]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,23 +209,38 @@ def main(argv: list[str] | None = None) -> int:
         f"max {args.max_new_tokens} new tokens, {args.steps} measured steps, {args.rounds} rounds"
     )
     print()
-    print("| trainer | samples/s (best round) | mean completion tokens | max staleness | ratio, best rounds "
-          "| ratio per round (median, min-max) |")
+    print(
+        "| trainer | samples/s (best round) | mean completion tokens | max staleness | ratio, best rounds "
+        "| ratio per round (median, min-max) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    print(f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | {t['length']:.1f} | 0 | 1.00x | 1.00x |")
-    for key, name in (("sync", "agentrl, synchronous (default)"), ("async", "agentrl, async rollout (--max-staleness 1)")):
+    print(
+        f"| TRL GRPOTrainer (baseline) | {t['samples_per_s']:.1f} | {t['length']:.1f} | 0 | 1.00x | 1.00x |"
+    )
+    for key, name in (
+        ("sync", "agentrl, synchronous (default)"),
+        ("async", "agentrl, async rollout (--max-staleness 1)"),
+    ):
         a = best[key]
         # each round runs the three sides back to back, so its ratio sees one machine state
-        paired = sorted(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(sides[key], sides["trl"], strict=True))
-        print(f"| {name} | {a['samples_per_s']:.1f} | {a['length']:.1f} | {a['stale']:.0f} | "
-              f"{a['samples_per_s'] / t['samples_per_s']:.2f}x | {statistics.median(paired):.2f}x "
-              f"({paired[0]:.2f}-{paired[-1]:.2f}) |")
+        paired = sorted(
+            x["samples_per_s"] / y["samples_per_s"] for x, y in zip(sides[key], sides["trl"], strict=True)
+        )
+        print(
+            f"| {name} | {a['samples_per_s']:.1f} | {a['length']:.1f} | {a['stale']:.0f} | "
+            f"{a['samples_per_s'] / t['samples_per_s']:.2f}x | {statistics.median(paired):.2f}x "
+            f"({paired[0]:.2f}-{paired[-1]:.2f}) |"
+        )
     print()
-    print("| agentrl step split (seconds) | rollout (played) | rollout (trainer waited) | train | sync | step |")
+    print(
+        "| agentrl step split (seconds) | rollout (played) | rollout (trainer waited) | train | sync | step |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for key in ("sync", "async"):
         a = best[key]
-        print(f"| {key} | {a['rollout']:.3f} | {a['wait']:.3f} | {a['train']:.3f} | {a['sync']:.3f} | {a['step']:.3f} |")
+        print(
+            f"| {key} | {a['rollout']:.3f} | {a['wait']:.3f} | {a['train']:.3f} | {a['sync']:.3f} | {a['step']:.3f} |"
+        )
     return 0
 
 

@@ -52,5 +52,12 @@ def main(url: str, env_id: str) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main(sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8100",
-                       sys.argv[2] if len(sys.argv) > 2 else "reverse-v0") == 1.0 else 1)
+    sys.exit(
+        0
+        if main(
+            sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8100",
+            sys.argv[2] if len(sys.argv) > 2 else "reverse-v0",
+        )
+        == 1.0
+        else 1
+    )

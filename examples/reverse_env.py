@@ -1,7 +1,7 @@
 """A new environment in under 40 lines: reverse a word (single turn, exact-match reward).
 
-    python examples/reverse_env.py                      # check it, then play one gold episode
-    agentrl serve-env --import reverse_env --env reverse-v0 --port 8100   # (PYTHONPATH=examples)
+python examples/reverse_env.py                      # check it, then play one gold episode
+agentrl serve-env --import reverse_env --env reverse-v0 --port 8100   # (PYTHONPATH=examples)
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ class ReverseEnv(Env):
 
     def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
         self.word = WORDS[int(self.np_random.integers(len(WORDS)))]
-        return [Message(role="user", content=f"Reverse the word '{self.word}'. Reply <answer>...</answer>.")], {}
+        return [
+            Message(role="user", content=f"Reverse the word '{self.word}'. Reply <answer>...</answer>.")
+        ], {}
 
     def _step(self, action: Message) -> StepResult:
         reply = (action.content or "").split("<answer>")[-1].split("</answer>")[0].strip()

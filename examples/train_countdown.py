@@ -21,7 +21,9 @@ def main() -> int:
         **({"model": "tiny-qwen3", "steps": 5, "sft_steps": 20, "eval_episodes": 16} if quick else {}),
     )
     summary = train(cfg)
-    print(f"eval reward: {summary.eval_start:.3f} -> {summary.eval_end:.3f}; checkpoint: {summary.final_model}")
+    print(
+        f"eval reward: {summary.eval_start:.3f} -> {summary.eval_end:.3f}; checkpoint: {summary.final_model}"
+    )
     return 0
 
 

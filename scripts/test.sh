@@ -7,4 +7,8 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 scripts/system-deps.sh
 scripts/setup.sh --dev
+# Gates before the tests (seconds; any finding fails the run): lint, formatting, types.
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

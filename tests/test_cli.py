@@ -10,7 +10,9 @@ from agentrl.cli import main
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_version(capsys):

@@ -8,11 +8,22 @@ import pytest
 
 import agentrl
 
-PACKAGES = ["agentrl", "agentrl.envs", "agentrl.session", "agentrl.engines", "agentrl.trainer", "agentrl.models"]
+PACKAGES = [
+    "agentrl",
+    "agentrl.envs",
+    "agentrl.session",
+    "agentrl.engines",
+    "agentrl.trainer",
+    "agentrl.models",
+]
 
 
 def test_top_level_all_is_exact():
-    public = {n for n in dir(agentrl) if not n.startswith("_") and not isinstance(getattr(agentrl, n), type(agentrl))}
+    public = {
+        n
+        for n in dir(agentrl)
+        if not n.startswith("_") and not isinstance(getattr(agentrl, n), type(agentrl))
+    }
     assert public - {"annotations"} == set(agentrl.__all__) - {"__version__"}
 
 

@@ -27,11 +27,23 @@ def _traj(**kw):
     "obj",
     [
         Message(role="user", content="héllo\n<tag>"),
-        Message(role="assistant", content=None, reasoning_content="think",
-                tool_calls=[ToolCall(id="c1", function=FunctionCall(name="add", arguments='{"a": 1}'))]),
+        Message(
+            role="assistant",
+            content=None,
+            reasoning_content="think",
+            tool_calls=[ToolCall(id="c1", function=FunctionCall(name="add", arguments='{"a": 1}'))],
+        ),
         Message(role="tool", content="3", tool_call_id="c1", name="add"),
-        ToolSpec.model_validate({"type": "function", "function": {"name": "add", "description": "Add.",
-                                 "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}),
+        ToolSpec.model_validate(
+            {
+                "type": "function",
+                "function": {
+                    "name": "add",
+                    "description": "Add.",
+                    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                },
+            }
+        ),
         SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=5, stop_token_ids=[7], seed=3),
         _traj(),
         _traj(status="infra_error", error="timeout"),
@@ -60,8 +72,13 @@ def test_message_role_invariants():
 
 def test_sampling_params_bounds():
     assert SamplingParams().max_new_tokens == 128
-    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"max_new_tokens": 0},
-                {"temperature": float("inf")}):
+    for bad in (
+        {"temperature": -1},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"max_new_tokens": 0},
+        {"temperature": float("inf")},
+    ):
         with pytest.raises(ValidationError):
             SamplingParams(**bad)
 

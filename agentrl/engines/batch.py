@@ -145,7 +145,9 @@ def _chunked(
     for start in range(0, q, PREFILL_CHUNK):
         end = min(q, start + PREFILL_CHUNK)
         width = offset + end
-        causal = torch.ones((end - start, width), dtype=torch.bool, device=ids.device).tril(diagonal=offset + start)
+        causal = torch.ones((end - start, width), dtype=torch.bool, device=ids.device).tril(
+            diagonal=offset + start
+        )
         allowed = causal.unsqueeze(0) & real[:, None, :width]
         logits = forward(ids[:, start:end], allowed, positions[:, start:end], cache)
     assert logits is not None, "prefill of an empty prompt"

@@ -213,7 +213,9 @@ def add_weight_routes(app: FastAPI, engine: Any) -> None:
     async def abort_all() -> int:
         fn = getattr(engine, "abort_all", None)
         if fn is None:
-            raise WeightUpdateError("abort_all_requests is not supported by this server's engine; leave it false")
+            raise WeightUpdateError(
+                "abort_all_requests is not supported by this server's engine; leave it false"
+            )
         return int(await fn())
 
     @app.post("/update_weights_from_disk")

@@ -86,8 +86,11 @@ if TYPE_CHECKING:
     from agentrl.envs.client import RemoteEnv
 
 # Imported on first use: they pull in jsonschema and httpx, which `agentrl --help` does not need.
-_LAZY = {"CheckReport": "agentrl.envs.checker", "check_env": "agentrl.envs.checker",
-         "RemoteEnv": "agentrl.envs.client"}
+_LAZY = {
+    "CheckReport": "agentrl.envs.checker",
+    "check_env": "agentrl.envs.checker",
+    "RemoteEnv": "agentrl.envs.client",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -91,7 +91,9 @@ class _Checker:
             raise self.fail(check, f"reset() must return (list[Message], dict), got {type(out).__name__}")
         messages, info = out
         if not isinstance(messages, list) or not all(isinstance(m, Message) for m in messages):
-            raise self.fail(check, f"reset() must return a list of agentrl.Message first, got {messages!r:.100}")
+            raise self.fail(
+                check, f"reset() must return a list of agentrl.Message first, got {messages!r:.100}"
+            )
         if not messages:
             raise self.fail(check, "reset() returned no messages; the model needs a prompt")
         if not isinstance(info, dict):
@@ -122,7 +124,9 @@ class _Checker:
                 )
         self.report.passed.append("tools")
 
-    def episode(self, env: Env, seed: int, check: str = "oracle", started: list[Message] | None = None) -> list[Any]:
+    def episode(
+        self, env: Env, seed: int, check: str = "oracle", started: list[Message] | None = None
+    ) -> list[Any]:
         """Run the gold episode (reset unless ``started`` gives its prompt) and return its transcript."""
         lo, hi = env.reward_range
         first = started if started is not None else self.check_reset(env, seed, check)
@@ -132,27 +136,38 @@ class _Checker:
         for turn in range(1, limit + 1):
             action = self.call(check, f"oracle_action() at turn {turn}", env.oracle_action)
             if not isinstance(action, Message) or action.role != "assistant":
-                raise self.fail(check, f"oracle_action() must return an assistant Message, got {action!r:.100}")
-            out = self.call(check, f"step(oracle_action()) at turn {turn}", functools.partial(env.step, action))
+                raise self.fail(
+                    check, f"oracle_action() must return an assistant Message, got {action!r:.100}"
+                )
+            out = self.call(
+                check, f"step(oracle_action()) at turn {turn}", functools.partial(env.step, action)
+            )
             if not (isinstance(out, tuple) and len(out) == 5):
                 raise self.fail(
-                    check, f"step() must return a 5-tuple (messages, reward, terminated, truncated, info), got {out!r:.100}"
+                    check,
+                    f"step() must return a 5-tuple (messages, reward, terminated, truncated, info), got {out!r:.100}",
                 )
             messages, reward, terminated, truncated, info = out
             if not isinstance(messages, list) or not all(isinstance(m, Message) for m in messages):
-                raise self.fail(check, f"step() messages must be a list of agentrl.Message, got {messages!r:.100}")
+                raise self.fail(
+                    check, f"step() messages must be a list of agentrl.Message, got {messages!r:.100}"
+                )
             if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-                raise self.fail(check, f"step() reward must be a float, got {type(reward).__name__} {reward!r}")
+                raise self.fail(
+                    check, f"step() reward must be a float, got {type(reward).__name__} {reward!r}"
+                )
             if not math.isfinite(reward):
                 raise self.fail(check, f"step() returned a non-finite reward {reward!r} at turn {turn}")
             if not lo <= reward <= hi:
                 raise self.fail(
-                    check, f"step() reward {reward!r} at turn {turn} is outside reward_range {env.reward_range}; "
+                    check,
+                    f"step() reward {reward!r} at turn {turn} is outside reward_range {env.reward_range}; "
                     "fix the reward or declare a wider reward_range",
                 )
             if not isinstance(terminated, bool) or not isinstance(truncated, bool):
                 raise self.fail(
-                    check, f"terminated/truncated must be bool, got {type(terminated).__name__}/{type(truncated).__name__}"
+                    check,
+                    f"terminated/truncated must be bool, got {type(terminated).__name__}/{type(truncated).__name__}",
                 )
             if not isinstance(info, dict):
                 raise self.fail(check, f"step() info must be a dict, got {type(info).__name__}")
@@ -164,14 +179,16 @@ class _Checker:
             raise self.fail(check, f"the oracle episode did not end within max_turns={limit} steps")
         if not terminated:
             raise self.fail(
-                check, f"the oracle episode was truncated at turn {turn} instead of terminating; "
+                check,
+                f"the oracle episode was truncated at turn {turn} instead of terminating; "
                 "the gold solution must finish the task within max_turns",
             )
         if not lo <= total <= hi:
             raise self.fail(check, f"episode return {total!r} is outside reward_range {env.reward_range}")
         if abs(total - hi) > 1e-9:
             raise self.fail(
-                check, f"the oracle episode returned {total!r}, not the maximum {hi!r}; "
+                check,
+                f"the oracle episode returned {total!r}, not the maximum {hi!r}; "
                 "fix oracle_action() or the reward, or lower reward_range[1]",
             )
         self.report.oracle_return = total
@@ -195,18 +212,25 @@ class _Checker:
         self.check_reset(env, seed, "empty-reply")
         total, lo, hi = 0.0, *env.reward_range
         for turn in range(1, max(1, int(env.max_turns)) + 1):
-            out = self.call("empty-reply", f"step() with an empty reply at turn {turn}",
-                            functools.partial(env.step, Message(role="assistant", content="")))
+            out = self.call(
+                "empty-reply",
+                f"step() with an empty reply at turn {turn}",
+                functools.partial(env.step, Message(role="assistant", content="")),
+            )
             reward = float(out[1])
             if not (math.isfinite(reward) and lo <= reward <= hi):
-                raise self.fail("empty-reply", f"an empty reply got reward {reward!r} at turn {turn}, outside "
-                                               f"reward_range {env.reward_range}")
+                raise self.fail(
+                    "empty-reply",
+                    f"an empty reply got reward {reward!r} at turn {turn}, outside "
+                    f"reward_range {env.reward_range}",
+                )
             total += reward
             if out[2] or out[3]:
                 break
         if abs(total - hi) <= 1e-9 and hi > lo:
             raise self.fail(
-                "empty-reply", f"replying with nothing earned the maximum return {hi!r}; the reward must depend "
+                "empty-reply",
+                f"replying with nothing earned the maximum return {hi!r}; the reward must depend "
                 "on what the model says (pass skip=('empty-reply',) if an empty reply really is the answer)",
             )
         self.report.passed.append("empty-reply")
@@ -222,14 +246,16 @@ class _Checker:
             ToolCall(id="probe-2", function=FunctionCall(name=tools[0].function.name, arguments="{not json")),
         ]
         out = self.call(
-            "bad-tool-call", "step() with an unknown tool and broken JSON arguments",
+            "bad-tool-call",
+            "step() with an unknown tool and broken JSON arguments",
             lambda: self.env.step(Message(role="assistant", tool_calls=calls)),
         )
         replies = {m.tool_call_id: m for m in out[0] if m.role == "tool"}
         missing = [c.id for c in calls if c.id not in replies]
         if missing:
             raise self.fail(
-                "bad-tool-call", f"no tool message answered the malformed calls {missing}; "
+                "bad-tool-call",
+                f"no tool message answered the malformed calls {missing}; "
                 "every tool call needs a role='tool' reply with its tool_call_id (ToolEnv does this)",
             )
         self.report.passed.append("bad-tool-call")
@@ -249,7 +275,8 @@ class _Checker:
             b.close()
         if self.deterministic and rest != reference:
             raise self.fail(
-                "independence", "an episode of a second instance changed this instance's episode; "
+                "independence",
+                "an episode of a second instance changed this instance's episode; "
                 "keep episode state on self (set in _reset), not on the class or module",
             )
         self.report.passed.append("independence")
@@ -267,7 +294,9 @@ class _Checker:
 
         got = self.call("async", "areset/astep", lambda: asyncio.run(run()))
         if self.deterministic and got != reference:
-            raise self.fail("async", "areset/astep gave a different episode than reset/step with the same seed")
+            raise self.fail(
+                "async", "areset/astep gave a different episode than reset/step with the same seed"
+            )
         self.report.passed.append("async")
 
 
@@ -339,7 +368,8 @@ def check_env(
             )
             where = "the reset messages" if diff == 0 else f"step {diff}"
             raise c.fail(
-                "determinism", f"two episodes with seed={seed} differ at {where}; draw randomness only from "
+                "determinism",
+                f"two episodes with seed={seed} differ at {where}; draw randomness only from "
                 "self.np_random (seeded by reset), or register the env with deterministic=False",
             )
         c.report.passed.append("determinism")
@@ -357,6 +387,8 @@ def check_env(
         instance.close()
         instance.close()
     except Exception as e:
-        raise c.fail("close", f"close() twice raised {type(e).__name__}: {e}; close() must be idempotent") from e
+        raise c.fail(
+            "close", f"close() twice raised {type(e).__name__}: {e}; close() must be idempotent"
+        ) from e
     c.report.passed.append("close")
     return c.report

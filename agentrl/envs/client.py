@@ -45,6 +45,7 @@ from agentrl.types import Message, ToolSpec
 
 __all__ = ["RemoteEnv"]
 
+
 def _error(op: str, url: str, response: httpx.Response) -> EnvServerError:
     try:
         body = response.json()
@@ -107,9 +108,12 @@ class RemoteEnv(Env):
         # One episode sends one request at a time, so each RemoteEnv owns one keep-alive connection:
         # a shared httpx pool re-scans every connection per request, which collapsed at 64+ episodes.
         # Plain-HTTP URLs skip building a TLS context (~80 ms per client otherwise).
-        return {"base_url": self.url, "timeout": self._timeout,
-                "limits": httpx.Limits(max_connections=1, max_keepalive_connections=1),
-                "verify": not self.url.startswith("http://")}
+        return {
+            "base_url": self.url,
+            "timeout": self._timeout,
+            "limits": httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            "verify": not self.url.startswith("http://"),
+        }
 
     def _sync(self) -> httpx.Client:
         if self._client is None:
@@ -144,7 +148,9 @@ class RemoteEnv(Env):
             time.sleep(self._delay(attempt, response))
         raise AssertionError("unreachable")
 
-    async def _arequest(self, method: str, path: str, body: Any, *, safe: bool, busy_retry: bool = False) -> Any:
+    async def _arequest(
+        self, method: str, path: str, body: Any, *, safe: bool, busy_retry: bool = False
+    ) -> Any:
         for attempt in range(self.retries + 1):
             response, error = None, None
             try:
@@ -157,8 +163,17 @@ class RemoteEnv(Env):
             await asyncio.sleep(self._delay(attempt, response))
         raise AssertionError("unreachable")
 
-    def _settle(self, method: str, path: str, attempt: int, response: httpx.Response | None,
-                error: httpx.TransportError | None, *, safe: bool, busy_retry: bool) -> Any:
+    def _settle(
+        self,
+        method: str,
+        path: str,
+        attempt: int,
+        response: httpx.Response | None,
+        error: httpx.TransportError | None,
+        *,
+        safe: bool,
+        busy_retry: bool,
+    ) -> Any:
         """One attempt's outcome, shared by the sync and async paths: the JSON body, ``_RETRY``, or a typed error.
 
         A failed connect sent nothing, so it is always retried; a timeout or a broken transport is
@@ -172,8 +187,10 @@ class RemoteEnv(Env):
             return _RETRY
         if isinstance(error, httpx.TimeoutException):
             if not safe or last:
-                raise EnvTimeoutError(f"{where}: {type(error).__name__} after {self._timeout.read or 0:g} s read / "
-                                      f"{self._timeout.connect or 0:g} s connect deadline") from error
+                raise EnvTimeoutError(
+                    f"{where}: {type(error).__name__} after {self._timeout.read or 0:g} s read / "
+                    f"{self._timeout.connect or 0:g} s connect deadline"
+                ) from error
             return _RETRY
         if error is not None:
             if not safe or last:
@@ -203,8 +220,13 @@ class RemoteEnv(Env):
         self._turn += 1
         self._done = bool(out["terminated"] or out["truncated"])
         self.last_info = out["info"]
-        return StepResult([Message.model_validate(m) for m in out["messages"]], float(out["reward"]),
-                          bool(out["terminated"]), bool(out["truncated"]), out["info"])
+        return StepResult(
+            [Message.model_validate(m) for m in out["messages"]],
+            float(out["reward"]),
+            bool(out["terminated"]),
+            bool(out["truncated"]),
+            out["info"],
+        )
 
     def _check_not_done(self) -> None:
         if self._done:
@@ -227,10 +249,13 @@ class RemoteEnv(Env):
     ) -> tuple[list[Message], dict[str, Any]]:
         for fresh in (False, True):
             if self.episode_id is None or fresh:
-                self._created(self._request("POST", "/episodes", self._create_body(), safe=False, busy_retry=True))
+                self._created(
+                    self._request("POST", "/episodes", self._create_body(), safe=False, busy_retry=True)
+                )
             try:
-                out = self._request("POST", f"/episodes/{self.episode_id}/reset", self._reset_body(seed, options),
-                                    safe=True)
+                out = self._request(
+                    "POST", f"/episodes/{self.episode_id}/reset", self._reset_body(seed, options), safe=True
+                )
             except EnvServerError as e:
                 if e.status == 404 and not fresh:  # reaped or failed episode: reset on a new one
                     continue
@@ -266,11 +291,15 @@ class RemoteEnv(Env):
     ) -> tuple[list[Message], dict[str, Any]]:
         for fresh in (False, True):
             if self.episode_id is None or fresh:
-                self._created(await self._arequest("POST", "/episodes", self._create_body(), safe=False,
-                                                   busy_retry=True))
+                self._created(
+                    await self._arequest(
+                        "POST", "/episodes", self._create_body(), safe=False, busy_retry=True
+                    )
+                )
             try:
-                out = await self._arequest("POST", f"/episodes/{self.episode_id}/reset",
-                                           self._reset_body(seed, options), safe=True)
+                out = await self._arequest(
+                    "POST", f"/episodes/{self.episode_id}/reset", self._reset_body(seed, options), safe=True
+                )
             except EnvServerError as e:
                 if e.status == 404 and not fresh:
                     continue
@@ -284,7 +313,9 @@ class RemoteEnv(Env):
             raise ResetNeededError(f"RemoteEnv({self.env_id!r}).astep() called before areset()")
         self._check_not_done()
         body = {"action": action.model_dump(exclude_none=True)}
-        return self._after_step(await self._arequest("POST", f"/episodes/{self.episode_id}/step", body, safe=False))
+        return self._after_step(
+            await self._arequest("POST", f"/episodes/{self.episode_id}/step", body, safe=False)
+        )
 
     def close(self) -> None:
         """Close the server-side episode (idempotent) and the HTTP client."""

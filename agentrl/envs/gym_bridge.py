@@ -111,7 +111,9 @@ class GymnasiumTextEnv(Env):
             feedback = Message(role="user", content=parsed)
             return StepResult([feedback], 0.0, False, False, {"invalid_actions": self.invalid_actions})
         obs, reward, terminated, truncated, info = self.inner.step(parsed)
-        messages = [] if terminated or truncated else [Message(role="user", content=self._render(obs, self.inner))]
+        messages = (
+            [] if terminated or truncated else [Message(role="user", content=self._render(obs, self.inner))]
+        )
         info = {"invalid_actions": self.invalid_actions, "action": parsed, "inner_info": _jsonable(info)}
         return StepResult(messages, float(reward), bool(terminated), bool(truncated), info)
 

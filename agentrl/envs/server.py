@@ -73,9 +73,11 @@ __all__ = ["ServerConfig", "ServerThread", "create_app", "serve"]
 
 _timeout = getattr(asyncio, "timeout", None)
 
+
 class _HTTPError(Exception):
-    def __init__(self, status: int, detail: str, infra_error: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, detail: str, infra_error: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         self.status, self.detail, self.infra_error, self.headers = status, detail, infra_error, headers
 
 
@@ -126,9 +128,14 @@ class _Episode:
 
     def info(self) -> dict[str, Any]:
         return {
-            "episode_id": self.id, "env_id": self.env_id, "status": self.status, "turn": self.env.turn,
-            "max_turns": int(self.env.max_turns), "reward_range": list(self.env.reward_range),
-            "tools": [t.model_dump(exclude_none=True) for t in self.env.tools], "infra_error": self.infra_error,
+            "episode_id": self.id,
+            "env_id": self.env_id,
+            "status": self.status,
+            "turn": self.env.turn,
+            "max_turns": int(self.env.max_turns),
+            "reward_range": list(self.env.reward_range),
+            "tools": [t.model_dump(exclude_none=True) for t in self.env.tools],
+            "infra_error": self.infra_error,
         }
 
 
@@ -163,16 +170,22 @@ class _State:
         ep = self.episodes.get(episode_id)
         if ep is None:
             if episode_id in self.closed_set:
-                raise _HTTPError(404, f"episode {episode_id!r} was closed (or reaped after "
-                                      f"{self.config.episode_ttl_s:g} s idle); create a new one")
+                raise _HTTPError(
+                    404,
+                    f"episode {episode_id!r} was closed (or reaped after "
+                    f"{self.config.episode_ttl_s:g} s idle); create a new one",
+                )
             raise _HTTPError(404, f"unknown episode {episode_id!r}; create one with POST /episodes")
         return ep
 
     async def run(self, ep: _Episode, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
         """Run one env call with the deadline, marking the episode on timeout or crash."""
         if ep.busy:
-            raise _HTTPError(409, f"episode {ep.id!r}: another reset/step is still running; "
-                                  "send one call at a time per episode")
+            raise _HTTPError(
+                409,
+                f"episode {ep.id!r}: another reset/step is still running; "
+                "send one call at a time per episode",
+            )
         ep.busy = True
         t0 = time.perf_counter()
         try:
@@ -180,19 +193,24 @@ class _State:
                 async with _timeout(self.config.step_timeout_s):
                     return await call()
             return await asyncio.wait_for(call(), self.config.step_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             ep.status, ep.infra_error = "failed", "timeout"
             self.counters["timeouts"] += 1
-            raise _HTTPError(504, f"episode {ep.id!r}: {what} exceeded the {self.config.step_timeout_s:g} s "
-                                  "deadline; the episode is marked infra_error: timeout", "timeout") from None
+            raise _HTTPError(
+                504,
+                f"episode {ep.id!r}: {what} exceeded the {self.config.step_timeout_s:g} s "
+                "deadline; the episode is marked infra_error: timeout",
+                "timeout",
+            ) from None
         except InvalidActionError as e:
             raise _HTTPError(422, f"episode {ep.id!r}: {e}") from None
         except Exception as e:
             self.counters["env_errors"] += 1
             if what == "step":
                 ep.status, ep.infra_error = "failed", "env_error"
-            raise _HTTPError(422, f"episode {ep.id!r}: env {what} raised {type(e).__name__}: {e}",
-                             "env_error") from None
+            raise _HTTPError(
+                422, f"episode {ep.id!r}: env {what} raised {type(e).__name__}: {e}", "env_error"
+            ) from None
         finally:
             ep.busy = False
             ep.last_used = time.monotonic()
@@ -201,14 +219,20 @@ class _State:
     async def reset_episode(self, episode_id: str, body: ResetRequest) -> dict[str, Any]:
         ep = self.get(episode_id)
         if ep.status == "failed":
-            raise _HTTPError(409, f"episode {ep.id!r} failed with infra_error: {ep.infra_error}; "
-                                  "create a new episode", ep.infra_error)
+            raise _HTTPError(
+                409,
+                f"episode {ep.id!r} failed with infra_error: {ep.infra_error}; create a new episode",
+                ep.infra_error,
+            )
         env = ep.env
         if _native(env, "areset"):
-            messages, info = await self.run(ep, "reset", lambda: env.areset(seed=body.seed, options=body.options))
+            messages, info = await self.run(
+                ep, "reset", lambda: env.areset(seed=body.seed, options=body.options)
+            )
         else:
             messages, info = await self.run(
-                ep, "reset", lambda: self.workers().submit(env.reset, seed=body.seed, options=body.options))
+                ep, "reset", lambda: self.workers().submit(env.reset, seed=body.seed, options=body.options)
+            )
         ep.status = "running"
         self.counters["resets"] += 1
         return {"messages": _dump(messages), "info": info}
@@ -218,11 +242,17 @@ class _State:
         if ep.status == "created":
             raise _HTTPError(409, f"episode {ep.id!r}: step before reset; POST /episodes/{ep.id}/reset first")
         if ep.status == "done":
-            raise _HTTPError(409, f"episode {ep.id!r} already ended at turn {ep.env.turn}; reset it "
-                                  "(POST /episodes/{id}/reset) or create a new one")
+            raise _HTTPError(
+                409,
+                f"episode {ep.id!r} already ended at turn {ep.env.turn}; reset it "
+                "(POST /episodes/{id}/reset) or create a new one",
+            )
         if ep.status == "failed":
-            raise _HTTPError(409, f"episode {ep.id!r} failed with infra_error: {ep.infra_error}; "
-                                  "create a new episode", ep.infra_error)
+            raise _HTTPError(
+                409,
+                f"episode {ep.id!r} failed with infra_error: {ep.infra_error}; create a new episode",
+                ep.infra_error,
+            )
         try:
             action = coerce_action(body.action)
         except InvalidActionError as e:
@@ -236,8 +266,13 @@ class _State:
         if terminated or truncated:
             ep.status = "done"
         self.counters["steps"] += 1
-        return {"messages": _dump(messages), "reward": reward, "terminated": terminated,
-                "truncated": truncated, "info": info}
+        return {
+            "messages": _dump(messages),
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "info": info,
+        }
 
     async def reap(self) -> None:
         while True:
@@ -272,8 +307,12 @@ def create_app(config: ServerConfig) -> FastAPI:
             if state._workers is not None:
                 state._workers.close()
 
-    app = FastAPI(title="agentrl env server", version="0.1.0", lifespan=lifespan,
-                  description="Stateful episodes of registered agentrl environments.")
+    app = FastAPI(
+        title="agentrl env server",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Stateful episodes of registered agentrl environments.",
+    )
     app.state.agentrl = state
     errors: dict[int | str, dict[str, Any]] = {
         code: {"model": ErrorResponse} for code in (404, 409, 413, 422, 429, 504)
@@ -292,14 +331,20 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.exception_handler(404)
     async def _on_not_found(request: Request, exc: Exception) -> Response:
         state.counters["http_404"] += 1
-        return _json({"detail": f"no route {request.method} {request.url.path}; see /docs", "infra_error": None},
-                     404)
+        return _json(
+            {"detail": f"no route {request.method} {request.url.path}; see /docs", "infra_error": None}, 404
+        )
 
     @app.exception_handler(405)
     async def _on_bad_method(request: Request, exc: Exception) -> Response:
         state.counters["http_405"] += 1
-        return _json({"detail": f"method {request.method} not allowed on {request.url.path}; see /docs",
-                      "infra_error": None}, 405)
+        return _json(
+            {
+                "detail": f"method {request.method} not allowed on {request.url.path}; see /docs",
+                "infra_error": None,
+            },
+            405,
+        )
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -316,9 +361,14 @@ def create_app(config: ServerConfig) -> FastAPI:
         def q(p: float) -> float:
             return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else 0.0
 
-        return {"live_episodes": len(state.episodes), "max_episodes": config.max_episodes,
-                "uptime_s": time.time() - state.started, "env_call_p50_s": q(0.5), "env_call_p99_s": q(0.99),
-                **dict(state.counters)}
+        return {
+            "live_episodes": len(state.episodes),
+            "max_episodes": config.max_episodes,
+            "uptime_s": time.time() - state.started,
+            "env_call_p50_s": q(0.5),
+            "env_call_p99_s": q(0.99),
+            **dict(state.counters),
+        }
 
     @app.post("/episodes", status_code=201, response_model=EpisodeInfo, responses=errors)
     async def create(body: CreateEpisode) -> Response:
@@ -328,25 +378,37 @@ def create_app(config: ServerConfig) -> FastAPI:
             except UnknownEnvError as e:
                 raise _HTTPError(404, f"{e}; this server serves {sorted(served)}") from None
             if resolved not in served:
-                raise _HTTPError(404, f"env {body.env_id!r} is registered but not served here; "
-                                      f"this server serves {sorted(served)}")
+                raise _HTTPError(
+                    404,
+                    f"env {body.env_id!r} is registered but not served here; "
+                    f"this server serves {sorted(served)}",
+                )
             env_id = resolved
         else:
             env_id = body.env_id
         if len(state.episodes) + state.pending >= config.max_episodes:
             state.counters["episodes_rejected"] += 1
-            raise _HTTPError(429, f"the live-episode cap of {config.max_episodes} is reached; close finished "
-                                  "episodes (DELETE /episodes/{id}), retry later, or raise --max-episodes",
-                             headers={"Retry-After": "1"})
+            raise _HTTPError(
+                429,
+                f"the live-episode cap of {config.max_episodes} is reached; close finished "
+                "episodes (DELETE /episodes/{id}), retry later, or raise --max-episodes",
+                headers={"Retry-After": "1"},
+            )
         state.pending += 1  # holds a slot while the env is built, so concurrent creates respect the cap
         try:
-            env = await asyncio.wait_for(asyncio.to_thread(make, env_id, **body.kwargs), config.step_timeout_s)
-        except asyncio.TimeoutError:
-            raise _HTTPError(504, f"building {env_id!r} exceeded the {config.step_timeout_s:g} s deadline",
-                             "timeout") from None
-        except Exception as e:  # a constructor that rejects its kwargs, or a broken env: the caller learns which
-            raise _HTTPError(422, f"cannot build {env_id!r} with kwargs {body.kwargs!r}: "
-                                  f"{type(e).__name__}: {e}") from None
+            env = await asyncio.wait_for(
+                asyncio.to_thread(make, env_id, **body.kwargs), config.step_timeout_s
+            )
+        except TimeoutError:
+            raise _HTTPError(
+                504, f"building {env_id!r} exceeded the {config.step_timeout_s:g} s deadline", "timeout"
+            ) from None
+        except (
+            Exception
+        ) as e:  # a constructor that rejects its kwargs, or a broken env: the caller learns which
+            raise _HTTPError(
+                422, f"cannot build {env_id!r} with kwargs {body.kwargs!r}: {type(e).__name__}: {e}"
+            ) from None
         finally:
             state.pending -= 1
         ep = _Episode(id=secrets.token_hex(8), env_id=env_id, env=env)
@@ -372,6 +434,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         return _json(await state.step_episode(episode_id, body))
 
     if config.expose_oracle:
+
         @app.post("/episodes/{episode_id}/oracle", response_model=OracleResponse, responses=errors)
         async def oracle(episode_id: str) -> Response:
             ep = state.get(episode_id)
@@ -483,7 +546,10 @@ class _FrontDoor:
             status, headers = e.status, e.headers
             payload = {"detail": e.detail, "infra_error": e.infra_error}
         body_bytes = _json_bytes(payload)
-        raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body_bytes)).encode())]
+        raw_headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body_bytes)).encode()),
+        ]
         raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
         await send({"type": "http.response.start", "status": status, "headers": raw_headers})
         await send({"type": "http.response.body", "body": body_bytes})
@@ -493,14 +559,29 @@ class _FrontDoor:
         what = f"of {size} bytes " if size >= 0 else "with an invalid Content-Length "
         if streamed:
             what = f"of more than {size - 1} bytes "
-        body = orjson.dumps({"detail": f"request body {what}exceeds the limit of {self.limit} bytes "
-                                       "(serve-env --max-body-bytes)", "infra_error": None})
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        body = orjson.dumps(
+            {
+                "detail": f"request body {what}exceeds the limit of {self.limit} bytes "
+                "(serve-env --max-body-bytes)",
+                "infra_error": None,
+            }
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
-def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8100, log_level: str = "warning") -> None:
+def serve(
+    config: ServerConfig, host: str = "127.0.0.1", port: int = 8100, log_level: str = "warning"
+) -> None:
     """Run the env server in the foreground (uvicorn; uvloop and httptools when installed)."""
     import sys
 
@@ -511,8 +592,17 @@ def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8100, log_l
     sys.setswitchinterval(0.001)
     app = create_app(config)
     print(f"agentrl env server: serving {config.env_ids} on http://{host}:{port} (docs at /docs)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                loop="auto", http="auto", backlog=4096, timeout_keep_alive=30)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        loop="auto",
+        http="auto",
+        backlog=4096,
+        timeout_keep_alive=30,
+    )
 
 
 class ServerThread:
@@ -535,8 +625,9 @@ class ServerThread:
         self.sock.bind((host, port))
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
         self.app = create_app(config)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                                    timeout_keep_alive=30))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level="warning", access_log=False, timeout_keep_alive=30)
+        )
         self.thread: Any = None
 
     def __enter__(self) -> str:

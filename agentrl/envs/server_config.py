@@ -33,11 +33,17 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not self.env_ids:
             raise ConfigError("serve at least one env: pass --env ID (agentrl envs lists them)")
-        for name, value in (("max_episodes", self.max_episodes), ("max_body_bytes", self.max_body_bytes),
-                            ("env_threads", self.env_threads)):
+        for name, value in (
+            ("max_episodes", self.max_episodes),
+            ("max_body_bytes", self.max_body_bytes),
+            ("env_threads", self.env_threads),
+        ):
             if value < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {value}")
-        for name, fvalue in (("step_timeout_s", self.step_timeout_s), ("episode_ttl_s", self.episode_ttl_s),
-                             ("reap_interval_s", self.reap_interval_s)):
+        for name, fvalue in (
+            ("step_timeout_s", self.step_timeout_s),
+            ("episode_ttl_s", self.episode_ttl_s),
+            ("reap_interval_s", self.reap_interval_s),
+        ):
             if not fvalue > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {fvalue}")

@@ -30,8 +30,12 @@ class _Body(pydantic.BaseModel):
 
 
 class CreateEpisode(_Body):
-    env_id: str = pydantic.Field(min_length=1, max_length=200, description="a served env id, e.g. countdown-v0")
-    kwargs: dict[str, Any] = pydantic.Field(default_factory=dict, description="constructor kwargs for the env")
+    env_id: str = pydantic.Field(
+        min_length=1, max_length=200, description="a served env id, e.g. countdown-v0"
+    )
+    kwargs: dict[str, Any] = pydantic.Field(
+        default_factory=dict, description="constructor kwargs for the env"
+    )
 
 
 class EpisodeInfo(_Body):

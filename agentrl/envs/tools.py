@@ -82,11 +82,7 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
 
 def _strip_titles(schema: Any) -> Any:
     if isinstance(schema, dict):
-        return {
-            k: _strip_titles(v)
-            for k, v in schema.items()
-            if not (k == "title" and isinstance(v, str))
-        }
+        return {k: _strip_titles(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
     if isinstance(schema, list):
         return [_strip_titles(v) for v in schema]
     return schema
@@ -112,7 +108,9 @@ def tool_spec(fn: Callable[..., Any], name: str | None = None) -> Tool:
         if pname == "self":
             continue
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise RegistrationError(f"tool {tool_name!r}: *args/**kwargs cannot be described by a JSON schema")
+            raise RegistrationError(
+                f"tool {tool_name!r}: *args/**kwargs cannot be described by a JSON schema"
+            )
         if pname not in hints:
             raise RegistrationError(
                 f"tool {tool_name!r}: parameter {pname!r} has no type hint; annotate it (e.g. {pname}: int)"

@@ -28,7 +28,9 @@ class EnvWorkers:
         self.finished: list[tuple[asyncio.Future[Any], bool, Any]] = []
         self.lock = threading.Lock()
         self.drain_scheduled = False
-        self.threads = [threading.Thread(target=self._work, name=f"agentrl-env-{i}", daemon=True) for i in range(n)]
+        self.threads = [
+            threading.Thread(target=self._work, name=f"agentrl-env-{i}", daemon=True) for i in range(n)
+        ]
         for t in self.threads:
             t.start()
 

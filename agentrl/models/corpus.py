@@ -289,7 +289,12 @@ def _function_spec(rng: random.Random) -> str:
             "name": name,
             "description": rng.choice((_sentence(rng), *_DESCRIPTIONS)),
             "parameters": {
-                "properties": {arg: {"description": rng.choice((_sentence(rng), *_DESCRIPTIONS)), "type": rng.choice(("string", "integer"))}},
+                "properties": {
+                    arg: {
+                        "description": rng.choice((_sentence(rng), *_DESCRIPTIONS)),
+                        "type": rng.choice(("string", "integer")),
+                    }
+                },
                 "required": [arg],
                 "type": "object",
                 "additionalProperties": False,
@@ -306,7 +311,10 @@ def _tool_prompt_line(rng: random.Random) -> str:
     if kind == 1:
         return _function_spec(rng)
     a, b, c = (rng.randint(2, 400) for _ in range(3))
-    return rng.choice(_WORD_PROBLEMS).format(a=a, b=b, c=c) + " Use the calculate tool, then reply with <answer>N</answer>."
+    return (
+        rng.choice(_WORD_PROBLEMS).format(a=a, b=b, c=c)
+        + " Use the calculate tool, then reply with <answer>N</answer>."
+    )
 
 
 def generate_corpus(seed: int, lines: int = 4000, tool_lines: int = 600) -> list[str]:

@@ -356,7 +356,7 @@ class SessionManager:
                 self.engine.generate(input_ids, sampling, request_id=f"{session_id}-{uuid.uuid4().hex[:8]}"),
                 timeout=self.engine_timeout_s,
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.counters["tito/engine_errors"] += 1
             raise SessionEngineError(
                 f"the engine did not answer within {self.engine_timeout_s:g}s for session {session_id!r} "

@@ -23,7 +23,9 @@ __all__ = ["dr_grpo", "gae", "group_advantages", "grpo", "reinforce_pp", "rloo"]
 EPS = 1e-6
 
 
-def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _group_stats(
+    rewards: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-episode (group mean, group unbiased std, group size)."""
     _, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     r = rewards.to(torch.float64)
@@ -76,7 +78,11 @@ def group_advantages(kind: str, rewards: torch.Tensor, group_ids: torch.Tensor) 
 
 
 def gae(
-    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the sampled tokens of each row.
 

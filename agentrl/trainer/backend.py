@@ -153,8 +153,14 @@ class FSDP2Backend:
         # cache off, nor yet under FSDP2 sharding, which frees the weights gathered for the prompt's
         # forward before its backward
         attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
-        self.share_prompts = (share_prompts and self._logits_to_keep and bool(self._cache_kw)
-                              and attn in ("sdpa", "eager") and not activation_checkpointing and not self.sharded)
+        self.share_prompts = (
+            share_prompts
+            and self._logits_to_keep
+            and bool(self._cache_kw)
+            and attn in ("sdpa", "eager")
+            and not activation_checkpointing
+            and not self.sharded
+        )
         if self.sharded:
             self._shard(cpu_offload)
         self.ref_model: nn.Module | None = None
@@ -188,8 +194,13 @@ class FSDP2Backend:
     # ------------------------------------------------------------ forward
 
     def _forward(
-        self, model: nn.Module, mb: TrainBatch, want_values: bool = False, window: bool = False,
-        entropy: bool = False, prompts: list[tuple[int, ...]] | None = None,
+        self,
+        model: nn.Module,
+        mb: TrainBatch,
+        want_values: bool = False,
+        window: bool = False,
+        entropy: bool = False,
+        prompts: list[tuple[int, ...]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(logp, entropy | None, values | None), each (B, T-1): column t - 1 scores token t.
 
@@ -219,11 +230,16 @@ class FSDP2Backend:
                 start = int(trained[0]) if len(trained) else max(0, T - 2)
             kw = {"logits_to_keep": T - start} if start else {}
             out = model(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_hidden_states=want_values,
-                use_cache=False, **kw,
+                input_ids=mb.input_ids,
+                attention_mask=mb.attention_mask,
+                output_hidden_states=want_values,
+                use_cache=False,
+                **kw,
             )
-            logits = out.logits[:, -(T - start):-1]  # the positions start .. T-2 predict tokens start+1 .. T-1
-            targets = mb.input_ids[:, start + 1:]
+            logits = out.logits[
+                :, -(T - start) : -1
+            ]  # the positions start .. T-2 predict tokens start+1 .. T-1
+            targets = mb.input_ids[:, start + 1 :]
 
             def place(x: torch.Tensor) -> torch.Tensor:
                 return nn.functional.pad(x, (start, 0)) if start else x
@@ -281,7 +297,9 @@ class FSDP2Backend:
     def _all_sum(self, x: float) -> float:
         if self.world == 1:
             return x
-        t = torch.tensor([x], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
+        t = torch.tensor(
+            [x], dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu"
+        )
         dist.all_reduce(t)
         return float(t.item())
 
@@ -334,8 +352,11 @@ class FSDP2Backend:
             rows, weight = (groups[i], 1.0) if i < len(groups) else ([0], 0.0)  # 0: keep collectives matched
             mb = batch.select(rows).to(self.device)
             prompts = [keys[j] for j in rows] if keys is not None else None
-            loss, stats = (self._sft_loss(mb, num_tokens, prompts) if sft
-                           else self._micro_loss(mb, num_tokens, num_seqs, prompts))
+            loss, stats = (
+                self._sft_loss(mb, num_tokens, prompts)
+                if sft
+                else self._micro_loss(mb, num_tokens, num_seqs, prompts)
+            )
             (loss * weight * self.world).backward()
             if weight:
                 for k, v in stats.items():
@@ -369,15 +390,25 @@ class FSDP2Backend:
         """The micro-batch's share of the mini-batch loss; stats are token-weighted sums (suffix ``_tok``)."""
         a = self.algo
         want_values = self.value_head is not None
-        logp, ent_tok, values = self._forward(self.model, mb, want_values, window=True, entropy=True, prompts=prompts)
+        logp, ent_tok, values = self._forward(
+            self.model, mb, want_values, window=True, entropy=True, prompts=prompts
+        )
         assert ent_tok is not None
         mask = mb.loss_mask[:, 1:]
         old = mb.old_logp[:, 1:]
         adv = mb.advantages[:, 1:]
         agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
         pg = L.policy_loss(
-            logp, old, adv, mask, kind=a.policy_loss, clip_low=a.clip_low, clip_high=a.clip_high,
-            dual_clip=a.dual_clip, agg=a.loss_agg, **agg,
+            logp,
+            old,
+            adv,
+            mask,
+            kind=a.policy_loss,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            agg=a.loss_agg,
+            **agg,
         )
         loss = pg.loss
         ntok = float(mask.sum())
@@ -394,14 +425,24 @@ class FSDP2Backend:
             stats["entropy_tok"] = float((ent_tok * mask).sum())
         if a.kl_coef > 0:
             if mb.ref_logp is None:
-                raise BackendError("kl_coef > 0 but the batch has no ref_logp; compute them with ref_logprobs()")
+                raise BackendError(
+                    "kl_coef > 0 but the batch has no ref_logp; compute them with ref_logprobs()"
+                )
             kl = L.aggregate(L.kl_penalty(logp, mb.ref_logp[:, 1:], a.kl_estimator), mask, a.loss_agg, **agg)
             loss = loss + a.kl_coef * kl
             stats["kl"] = float(kl.detach())
         if want_values:
             if values is None or mb.returns is None or mb.old_values is None:
                 raise BackendError("PPO batch needs returns and old_values")
-            vl = L.value_loss(values, mb.old_values[:, 1:], mb.returns[:, 1:], mask, clip=a.value_clip, agg=a.loss_agg, **agg)
+            vl = L.value_loss(
+                values,
+                mb.old_values[:, 1:],
+                mb.returns[:, 1:],
+                mask,
+                clip=a.value_clip,
+                agg=a.loss_agg,
+                **agg,
+            )
             loss = loss + a.vf_coef * vl.loss
             stats["vf_loss"] = float(vl.loss.detach())
         stats["loss"] = float(loss.detach())
@@ -447,7 +488,9 @@ class FSDP2Backend:
         """A fresh AdamW (and warm-up schedule) over the same parameters, e.g. after the warm start."""
         self.optim_cfg = optim
         params = [p for p in self._params() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.99))
+        self.optimizer = torch.optim.AdamW(
+            params, lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.99)
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
         self.updates = 0
 
@@ -473,7 +516,9 @@ class FSDP2Backend:
         }
         torch.save(state, tmp)
         os.replace(tmp, path / "trainer_state.pt")
-        (path / "agentrl_checkpoint.json").write_text(json.dumps({"updates": self.updates, **(extra or {}).get("meta", {})}))
+        (path / "agentrl_checkpoint.json").write_text(
+            json.dumps({"updates": self.updates, **(extra or {}).get("meta", {})})
+        )
 
     def _optim_state(self) -> dict[str, Any]:
         if not self.sharded:
@@ -522,5 +567,3 @@ class FSDP2Backend:
         if self.value_head is not None and state.get("value_head") is not None:
             self.value_head.load_state_dict(state["value_head"])
         return dict(state.get("extra") or {})
-
-

@@ -59,7 +59,10 @@ class TrainBatch:
         return TrainBatch(**kw)
 
     def to(self, device: torch.device | str) -> TrainBatch:
-        kw: dict[str, Any] = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device)) for f in fields(self)}
+        kw: dict[str, Any] = {
+            f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+            for f in fields(self)
+        }
         return replace(self, **kw)
 
 
@@ -113,7 +116,9 @@ def token_budget_microbatches(
         for i, k in enumerate(keys):
             longest[k] = max(longest.get(k, 0), int(lengths[i]))
             first.setdefault(k, i)
-        order = sorted(range(len(lengths)), key=lambda i: (-longest[keys[i]], first[keys[i]], -int(lengths[i])))
+        order = sorted(
+            range(len(lengths)), key=lambda i: (-longest[keys[i]], first[keys[i]], -int(lengths[i]))
+        )
     out: list[list[int]] = []
     cur: list[int] = []
     widest = 0

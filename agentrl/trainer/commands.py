@@ -51,8 +51,15 @@ def _sft(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         before = evaluate(rt)
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.fields[info]}"), console=console, disable=not cfg.run.progress)
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=console,
+            disable=not cfg.run.progress,
+        )
         with progress:
             stats = run_sft(rt, log, progress)
         after = evaluate(rt)
@@ -60,12 +67,18 @@ def _sft(args: argparse.Namespace) -> int:
         out = Path(run_dir) / "model"
         rt.policy.save_pretrained(str(out))
         rt.tokenizer.save_pretrained(str(out))
-        console.print(f"SFT on {int(stats['examples'])} oracle episodes of {cfg.rollout.env!r}: "
-                      f"eval reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f} "
-                      f"({cfg.rollout.eval_episodes} held-out seeds), {time.perf_counter() - t0:.1f} s")
+        console.print(
+            f"SFT on {int(stats['examples'])} oracle episodes of {cfg.rollout.env!r}: "
+            f"eval reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f} "
+            f"({cfg.rollout.eval_episodes} held-out seeds), {time.perf_counter() - t0:.1f} s"
+        )
         console.print(f"model: {out}")
-        (Path(run_dir) / "summary.json").write_text(json.dumps(
-            {"eval_before": before, "eval_after": after, "sft": stats, "config": dataclasses.asdict(cfg)}, indent=1))
+        (Path(run_dir) / "summary.json").write_text(
+            json.dumps(
+                {"eval_before": before, "eval_after": after, "sft": stats, "config": dataclasses.asdict(cfg)},
+                indent=1,
+            )
+        )
     finally:
         log.close()
         rt.close()
@@ -95,9 +108,17 @@ def register(sub: Any) -> None:
     from agentrl.trainer.config import add_cli_flags
 
     for name, func, text in (
-        ("train", _train, "train a model on an environment (SFT warm start on oracle episodes, then GRPO/PPO)"),
+        (
+            "train",
+            _train,
+            "train a model on an environment (SFT warm start on oracle episodes, then GRPO/PPO)",
+        ),
         ("sft", _sft, "supervised warm start only: train on the env's oracle episodes, save the model"),
-        ("eval", _eval, "evaluate a model or checkpoint directory (--model PATH) on held-out seeds, greedily"),
+        (
+            "eval",
+            _eval,
+            "evaluate a model or checkpoint directory (--model PATH) on held-out seeds, greedily",
+        ),
     ):
         p = sub.add_parser(name, help=text, description=text)
         add_cli_flags(p)

@@ -21,13 +21,12 @@ import inspect
 import json
 import re
 import sys
+import tomllib
 import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
-
-import tomllib
 
 from agentrl.errors import ConfigError
 
@@ -56,8 +55,11 @@ SyncKind = Literal["auto", "inprocess", "disk", "broadcast"]
 
 DEMO_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "countdown": {
-        "rollout": {"env_kwargs": {"num_numbers": 2, "max_number": 5, "operations": "+"},
-                    "tasks_per_step": 16, "eval_every": 10},
+        "rollout": {
+            "env_kwargs": {"num_numbers": 2, "max_number": 5, "operations": "+"},
+            "tasks_per_step": 16,
+            "eval_every": 10,
+        },
         "optim": {"lr": 1e-4},
         "run": {"sft_steps": 100, "steps": 50},
     },
@@ -195,11 +197,21 @@ class AlgoConfig:
 
     def __post_init__(self) -> None:
         if self.clip_low <= 0 or self.clip_low >= 1 or self.clip_high <= 0:
-            _fail("algo", "clip_low/clip_high", (self.clip_low, self.clip_high), "need 0 < clip_low < 1, clip_high > 0")
+            _fail(
+                "algo",
+                "clip_low/clip_high",
+                (self.clip_low, self.clip_high),
+                "need 0 < clip_low < 1, clip_high > 0",
+            )
         if self.dual_clip != 0 and self.dual_clip <= 1:
             _fail("algo", "dual_clip", self.dual_clip, "must be > 1 (e.g. 3.0) or 0 to disable")
         if self.kl_coef < 0 or self.entropy_coef < 0 or self.vf_coef < 0:
-            _fail("algo", "kl_coef/entropy_coef/vf_coef", (self.kl_coef, self.entropy_coef, self.vf_coef), "must be >= 0")
+            _fail(
+                "algo",
+                "kl_coef/entropy_coef/vf_coef",
+                (self.kl_coef, self.entropy_coef, self.vf_coef),
+                "must be >= 0",
+            )
         if self.overlong_buffer < 0:
             _fail("algo", "overlong_buffer", self.overlong_buffer, "must be >= 0")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
@@ -237,7 +249,12 @@ class OptimConfig:
         if self.lr <= 0:
             _fail("optim", "lr", self.lr, "must be > 0")
         if self.grad_clip < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
-            _fail("optim", "grad_clip/weight_decay/warmup_steps", (self.grad_clip, self.weight_decay, self.warmup_steps), "must be >= 0")
+            _fail(
+                "optim",
+                "grad_clip/weight_decay/warmup_steps",
+                (self.grad_clip, self.weight_decay, self.warmup_steps),
+                "must be >= 0",
+            )
         if self.micro_batch_tokens < 16:
             _fail("optim", "micro_batch_tokens", self.micro_batch_tokens, "must be >= 16")
 
@@ -292,22 +309,36 @@ class TrainConfig:
     def __post_init__(self) -> None:
         a, r = self.algo, self.rollout
         if a.algo == "grpo" and a.advantage_kind in ("grpo", "dr_grpo", "rloo") and r.group_size < 2:
-            _fail("rollout", "group_size", r.group_size, f"{a.advantage_kind} needs a group of at least 2 episodes per task")
+            _fail(
+                "rollout",
+                "group_size",
+                r.group_size,
+                f"{a.advantage_kind} needs a group of at least 2 episodes per task",
+            )
         batch = r.tasks_per_step * r.group_size
         if batch % a.num_minibatches:
             _fail(
-                "algo", "num_minibatches", a.num_minibatches,
+                "algo",
+                "num_minibatches",
+                a.num_minibatches,
                 f"the batch of tasks_per_step*group_size = {r.tasks_per_step}*{r.group_size} = {batch} "
                 "episodes does not split evenly; pick a divisor",
             )
         if a.overlong_buffer >= r.max_new_tokens and a.overlong_buffer:
-            _fail("algo", "overlong_buffer", a.overlong_buffer, f"must be < max_new_tokens={r.max_new_tokens}")
+            _fail(
+                "algo", "overlong_buffer", a.overlong_buffer, f"must be < max_new_tokens={r.max_new_tokens}"
+            )
         if self.run.weight_sync == "auto":
-            object.__setattr__(self, "run", dataclasses.replace(
-                self.run, weight_sync="disk" if r.session_url else "inprocess"))
+            object.__setattr__(
+                self,
+                "run",
+                dataclasses.replace(self.run, weight_sync="disk" if r.session_url else "inprocess"),
+            )
         if r.session_url and self.run.weight_sync == "inprocess":
             _fail(
-                "run", "weight_sync", self.run.weight_sync,
+                "run",
+                "weight_sync",
+                self.run.weight_sync,
                 f"cannot reach the engine of rollout.session_url={r.session_url!r}, which runs in another "
                 "process; use --weight-sync disk (the server loads the safetensors the trainer writes: same "
                 "machine or a shared file system) or --weight-sync broadcast (torch.distributed)",
@@ -334,7 +365,11 @@ def field_help(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     for node, nxt in zip(body, body[1:], strict=False):
         is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-        is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
+        is_doc = (
+            isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        )
         if is_field and is_doc:
             out[node.target.id] = nxt.value.value.strip()
     return out
@@ -438,7 +473,9 @@ def add_cli_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | N
 
     Flags default to "not given" so that :func:`resolve` can layer them over a TOML file.
     """
-    parser.add_argument("--config", default=None, metavar="RUN.TOML", help="read options from a TOML file first")
+    parser.add_argument(
+        "--config", default=None, metavar="RUN.TOML", help="read options from a TOML file first"
+    )
     for sec, cls in SECTIONS:
         if sections is not None and sec not in sections:
             continue
@@ -450,7 +487,11 @@ def add_cli_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | N
             base, choices = _base(hints[f.name])
             default = getattr(defaults, f.name)
             text = f"{helps.get(f.name, '')} (default: {json.dumps(default) if base is dict else default!r})"
-            kw: dict[str, Any] = {"dest": f"{sec}.{f.name}", "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
+            kw: dict[str, Any] = {
+                "dest": f"{sec}.{f.name}",
+                "default": argparse.SUPPRESS,
+                "help": text.replace("%", "%%"),
+            }
             if base is bool:
                 kw["action"] = argparse.BooleanOptionalAction
             elif base is dict:
@@ -463,7 +504,9 @@ def add_cli_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | N
             group.add_argument(_flag(f.name), **kw)
 
 
-def resolve(args: argparse.Namespace | None = None, *, toml: str | Path | None = None, **overrides: Any) -> TrainConfig:
+def resolve(
+    args: argparse.Namespace | None = None, *, toml: str | Path | None = None, **overrides: Any
+) -> TrainConfig:
     """Defaults < TOML file < CLI flags < ``overrides`` (``section.key`` or unique bare keys)."""
     values: dict[str, dict[str, Any]] = {sec: {} for sec, _ in SECTIONS}
     path = toml if toml is not None else getattr(args, "config", None) if args is not None else None
@@ -494,7 +537,9 @@ def _apply_preset(values: dict[str, dict[str, Any]]) -> None:
     if rollout.get("env_kwargs"):
         return
     env = rollout.get("env", RolloutConfig.env)
-    preset = DEMO_PRESETS.get(re.sub(r"-v\d+$", "", env)) if isinstance(env, str) else None  # countdown-v0 too
+    preset = (
+        DEMO_PRESETS.get(re.sub(r"-v\d+$", "", env)) if isinstance(env, str) else None
+    )  # countdown-v0 too
     for sec, table in (preset or {}).items():
         for key, v in table.items():
             values[sec].setdefault(key, copy.deepcopy(v))

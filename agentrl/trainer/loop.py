@@ -108,7 +108,9 @@ def make_env_factory(cfg: TrainConfig) -> Any:
         from agentrl.envs import RemoteEnv
 
         def factory() -> Any:
-            return RemoteEnv(r.env_url, r.env, env_kwargs=dict(r.env_kwargs), read_timeout=r.episode_timeout_s)
+            return RemoteEnv(
+                r.env_url, r.env, env_kwargs=dict(r.env_kwargs), read_timeout=r.episode_timeout_s
+            )
     else:
         from agentrl.envs import make
 
@@ -158,11 +160,17 @@ def build_runtime(cfg: TrainConfig, model_path: str | None = None, ranks: Ranks 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     policy = load_model(path).to(device=device, dtype=torch.float32)
     if not cfg.rollout.session_url:
-        engine = HFEngine(load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0)
+        engine = HFEngine(
+            load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0
+        )
         sessions = SessionManager(tokenizer, engine, model_name=name)
     rollout = RolloutManager(
-        env_factory, sessions, max_new_tokens=cfg.rollout.max_new_tokens, max_turns=cfg.rollout.max_turns,
-        max_infra_retries=cfg.rollout.max_infra_retries, episode_timeout_s=cfg.rollout.episode_timeout_s,
+        env_factory,
+        sessions,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_turns=cfg.rollout.max_turns,
+        max_infra_retries=cfg.rollout.max_infra_retries,
+        episode_timeout_s=cfg.rollout.episode_timeout_s,
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Runtime(cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, int(pad), ranks)
@@ -180,10 +188,15 @@ def evaluate(rt: Runtime, episodes: int | None = None) -> dict[str, float]:
     res = rt.rollout.run(seeds, 1, 0.0, salt=-1, allow_empty=True)
     eps = res.episodes
     hi = _reward_max(rt)
-    reward, solved, played, tokens, turns = rt.ranks.all_sum([
-        sum(e.reward for e in eps), sum(e.reward >= hi for e in eps), len(eps), sum(e.completion_tokens for e in eps),
-        sum(e.turns for e in eps),
-    ])
+    reward, solved, played, tokens, turns = rt.ranks.all_sum(
+        [
+            sum(e.reward for e in eps),
+            sum(e.reward >= hi for e in eps),
+            len(eps),
+            sum(e.completion_tokens for e in eps),
+            sum(e.turns for e in eps),
+        ]
+    )
     return {
         "eval/reward": reward / max(played, 1),
         "eval/solved": solved / max(played, 1),
@@ -223,25 +236,32 @@ def run_sft(
         be = backend
         be.reset_optimizer(optim)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        be.optimizer, lambda s: min(1.0, (s + 1) / optim.warmup_steps) * max(0.05, 1 - s / max(1, c.run.sft_steps))
+        be.optimizer,
+        lambda s: min(1.0, (s + 1) / optim.warmup_steps) * max(0.05, 1 - s / max(1, c.run.sft_steps)),
     )
     be.scheduler = sched
     stats: dict[str, float] = {}
     task = progress.add_task("warm start (SFT)", total=c.run.sft_steps, info="") if progress else None
     rows = rt.ranks.shard(range(c.run.sft_batch_size))  # every rank draws the same batch and trains its rows
-    for i, batch in enumerate(sft_batches(examples, c.run.sft_batch_size, c.run.sft_steps, rt.pad_id, c.run.seed)):
+    for i, batch in enumerate(
+        sft_batches(examples, c.run.sft_batch_size, c.run.sft_steps, rt.pad_id, c.run.seed)
+    ):
         stats = be.sft_step(batch.select(rows) if rt.ranks.world > 1 else batch)
         if log is not None and (i % 10 == 0 or i == c.run.sft_steps - 1):
             log.log("sft", i, {f"sft/{k}": v for k, v in stats.items()})
         if progress is not None:
-            progress.update(task, advance=1, info=f"loss {stats['loss']:.3f}  tok-acc {stats.get('token_acc', 0):.2f}")
+            progress.update(
+                task, advance=1, info=f"loss {stats['loss']:.3f}  tok-acc {stats.get('token_acc', 0):.2f}"
+            )
     rt.engine.update_weights_sync(state_dict=be.state_dict(all_ranks=True), version=0, timeout=300)
     stats["seconds"] = time.perf_counter() - t0
     stats["examples"] = float(len(examples))
     return stats
 
 
-def _advantages(cfg: TrainConfig, groups: list[list[Any]], be: FSDP2Backend) -> tuple[list[Any], torch.Tensor, dict[str, float]]:
+def _advantages(
+    cfg: TrainConfig, groups: list[list[Any]], be: FSDP2Backend
+) -> tuple[list[Any], torch.Tensor, dict[str, float]]:
     """Flatten groups into trajectories with one scalar advantage each (group estimators)."""
     a, r = cfg.algo, cfg.rollout
     trajs, rewards, gids, lengths = [], [], [], []
@@ -256,7 +276,9 @@ def _advantages(cfg: TrainConfig, groups: list[list[Any]], be: FSDP2Backend) -> 
     gid = torch.tensor(gids)
     info: dict[str, float] = {}
     if a.overlong_buffer:
-        pen = L.overlong_penalty(torch.tensor(lengths), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+        pen = L.overlong_penalty(
+            torch.tensor(lengths), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty
+        )
         rew = rew + pen
         info["algo/overlong_penalty"] = float(pen.mean())
     if a.dynamic_sampling:
@@ -306,7 +328,9 @@ def _train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[li
     out.update(info)
     out["train/samples"] = float(len(trajs))
     out["train/tokens"] = ranks.all_sum([float(batch.loss_mask.sum())])[0]
-    if versions:  # policy versions behind the weights being updated (= the engine's, synced after every update)
+    if (
+        versions
+    ):  # policy versions behind the weights being updated (= the engine's, synced after every update)
         now = rt.engine.weight_version
         out["train/staleness_max"] = float(now - min(versions))
         out["train/staleness_mean"] = float(now - sum(versions) / len(versions))
@@ -321,8 +345,16 @@ def _save(rt: Runtime, be: FSDP2Backend, run_dir: Path, step: int) -> Path:
     """A resumable checkpoint (collective when sharded; rank 0 writes)."""
     path = _ckpt_dir(run_dir, step)
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    be.save(path, extra={"step": step, "data_position": step * rt.cfg.rollout.tasks_per_step,
-                         "engine_version": rt.engine.weight_version, "rng": rng, "meta": {"step": step}})
+    be.save(
+        path,
+        extra={
+            "step": step,
+            "data_position": step * rt.cfg.rollout.tasks_per_step,
+            "engine_version": rt.engine.weight_version,
+            "rng": rng,
+            "meta": {"step": step},
+        },
+    )
     if rt.ranks.main:
         rt.tokenizer.save_pretrained(str(path))
     return path
@@ -341,17 +373,25 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
         return
     r = cfg.rollout
     if r.tasks_per_step % world:
-        raise ConfigError(f"rollout.tasks_per_step={r.tasks_per_step}: must be a multiple of the {world} ranks, "
-                          "which each roll out an equal share of the tasks")
+        raise ConfigError(
+            f"rollout.tasks_per_step={r.tasks_per_step}: must be a multiple of the {world} ranks, "
+            "which each roll out an equal share of the tasks"
+        )
     if r.max_staleness:
-        raise ConfigError(f"rollout.max_staleness={r.max_staleness}: asynchronous rollout runs with one process "
-                          f"only for now, not under torchrun ({world} ranks); use --max-staleness 0")
+        raise ConfigError(
+            f"rollout.max_staleness={r.max_staleness}: asynchronous rollout runs with one process "
+            f"only for now, not under torchrun ({world} ranks); use --max-staleness 0"
+        )
     if r.session_url or cfg.run.weight_sync != "inprocess":
-        raise ConfigError(f"run.weight_sync={cfg.run.weight_sync!r}, rollout.session_url={r.session_url!r}: "
-                          f"under torchrun ({world} ranks) every rank syncs its own in-process engine; "
-                          "use --weight-sync inprocess without --session-url")
+        raise ConfigError(
+            f"run.weight_sync={cfg.run.weight_sync!r}, rollout.session_url={r.session_url!r}: "
+            f"under torchrun ({world} ranks) every rank syncs its own in-process engine; "
+            "use --weight-sync inprocess without --session-url"
+        )
     if cfg.run.sft_steps and cfg.run.sft_batch_size < world:
-        raise ConfigError(f"run.sft_batch_size={cfg.run.sft_batch_size}: needs at least one row per rank ({world})")
+        raise ConfigError(
+            f"run.sft_batch_size={cfg.run.sft_batch_size}: needs at least one row per rank ({world})"
+        )
 
 
 class _NoLog:
@@ -386,7 +426,9 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
     r = cfg.rollout
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     _check_world(cfg, world_env)
-    timeout_s = max(300.0, r.episode_timeout_s * (r.max_infra_retries + 1) + 60)  # a rank may wait out a rollout
+    timeout_s = max(
+        300.0, r.episode_timeout_s * (r.max_infra_retries + 1) + 60
+    )  # a rank may wait out a rollout
     rank, world = init_distributed(timeout_s=timeout_s)
     ranks = Ranks(rank, world)
     console = console or Console(quiet=not ranks.main)
@@ -398,12 +440,22 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
     console.print(to_toml(cfg), markup=False, highlight=False)
     seed_everything(cfg.run.seed)
     rt = build_runtime(cfg, ranks=ranks)
-    log: Any = (MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
-                              config=dataclasses.asdict(cfg)) if ranks.main else _NoLog())
+    log: Any = (
+        MetricsLogger(
+            run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=dataclasses.asdict(cfg)
+        )
+        if ranks.main
+        else _NoLog()
+    )
     summary = RunSummary(str(run_dir))
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"), console=console, disable=not (cfg.run.progress and ranks.main),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+        disable=not (cfg.run.progress and ranks.main),
     )
     sync: Any = None
     ahead: RolloutAhead | None = None
@@ -411,8 +463,13 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
         with progress:
             start_step = 0
             be = FSDP2Backend(
-                rt.policy, cfg.algo, cfg.optim, device=rt.device, value_head=cfg.algo.algo == "ppo",
-                activation_checkpointing=cfg.model.activation_checkpointing, cpu_offload=cfg.model.cpu_offload,
+                rt.policy,
+                cfg.algo,
+                cfg.optim,
+                device=rt.device,
+                value_head=cfg.algo.algo == "ppo",
+                activation_checkpointing=cfg.model.activation_checkpointing,
+                cpu_offload=cfg.model.cpu_offload,
                 share_prompts=cfg.model.share_prompts,
             )
             if cfg.run.resume:
@@ -420,14 +477,19 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 start_step = int(extra["step"])
                 random.setstate(extra["rng"]["python"])
                 torch.set_rng_state(extra["rng"]["torch"])
-                rt.engine.update_weights_sync(state_dict=be.state_dict(all_ranks=True),
-                                              version=int(extra["engine_version"]), timeout=300)
+                rt.engine.update_weights_sync(
+                    state_dict=be.state_dict(all_ranks=True),
+                    version=int(extra["engine_version"]),
+                    timeout=300,
+                )
                 console.print(f"resumed from {cfg.run.resume} at step {start_step}")
             elif cfg.run.sft_steps:
                 sft = run_sft(rt, log, progress, backend=be)
                 be.reset_optimizer(cfg.optim)  # the RL optimizer starts fresh after the warm start
-                console.print(f"warm start: {cfg.run.sft_steps} SFT steps on {int(sft['examples'])} oracle episodes, "
-                              f"final loss {sft['loss']:.3f}, {sft['seconds']:.1f} s")
+                console.print(
+                    f"warm start: {cfg.run.sft_steps} SFT steps on {int(sft['examples'])} oracle episodes, "
+                    f"final loss {sft['loss']:.3f}, {sft['seconds']:.1f} s"
+                )
             if cfg.algo.kl_coef > 0:
                 from agentrl.models import load_model, resolve
 
@@ -439,8 +501,10 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 ev = evaluate(rt)
                 log.log("eval", 0, ev)
                 summary.eval_start = ev["eval/reward"]
-                console.print(f"eval at start of RL (step 0, {int(ev['eval/episodes'])} held-out seeds): "
-                              f"reward {ev['eval/reward']:.3f}")
+                console.print(
+                    f"eval at start of RL (step 0, {int(ev['eval/episodes'])} held-out seeds): "
+                    f"reward {ev['eval/reward']:.3f}"
+                )
             task = progress.add_task("RL", total=cfg.run.steps, completed=start_step, info="")
             last_eval = None
 
@@ -448,8 +512,13 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 return _rollout_step(rt, [s * r.tasks_per_step + i for i in range(r.tasks_per_step)], salt=s)
 
             if r.max_staleness:
-                ahead = RolloutAhead(step_rollout, first=start_step, end=cfg.run.steps,
-                                     max_staleness=r.max_staleness, timeout_s=timeout_s)
+                ahead = RolloutAhead(
+                    step_rollout,
+                    first=start_step,
+                    end=cfg.run.steps,
+                    max_staleness=r.max_staleness,
+                    timeout_s=timeout_s,
+                )
             for step in range(start_step, cfg.run.steps):
                 t0 = time.perf_counter()
                 if ahead is not None:
@@ -465,21 +534,37 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 else:
                     sres = sync.push(be.state_dict(all_ranks=True))
                 t3 = time.perf_counter()
-                row = {**res.metrics, **stats, "time/rollout": played, "time/rollout_wait": t1 - t0,
-                       "time/train": t2 - t1, "time/sync": t3 - t2,
-                       "time/step": t3 - t0, "sync/version": float(rt.engine.weight_version),
-                       "sync/bytes": float(sres.bytes if sres else 0)}
+                row = {
+                    **res.metrics,
+                    **stats,
+                    "time/rollout": played,
+                    "time/rollout_wait": t1 - t0,
+                    "time/train": t2 - t1,
+                    "time/sync": t3 - t2,
+                    "time/step": t3 - t0,
+                    "sync/version": float(rt.engine.weight_version),
+                    "sync/bytes": float(sres.bytes if sres else 0),
+                }
                 done = step + 1
                 if r.eval_every and done % r.eval_every == 0 and done < cfg.run.steps:
-                    last_eval = ahead.call(lambda: evaluate(rt), f"the eval after step {done}") if ahead else evaluate(rt)
+                    last_eval = (
+                        ahead.call(lambda: evaluate(rt), f"the eval after step {done}")
+                        if ahead
+                        else evaluate(rt)
+                    )
                     log.log("eval", done, last_eval)
                 log.log("train", done, row)
                 summary.history.append(row)
                 ev_txt = f" eval {last_eval['eval/reward']:.2f}" if last_eval else ""
                 waited = f" (waited {row['time/rollout_wait']:.1f}s)" if ahead else ""
-                progress.update(task, completed=done, info=(
-                    f"reward {row['rollout/reward']:.2f}{ev_txt} | rollout {row['time/rollout']:.1f}s{waited} "
-                    f"train {row['time/train']:.1f}s sync {row['time/sync'] * 1000:.0f}ms"))
+                progress.update(
+                    task,
+                    completed=done,
+                    info=(
+                        f"reward {row['rollout/reward']:.2f}{ev_txt} | rollout {row['time/rollout']:.1f}s{waited} "
+                        f"train {row['time/train']:.1f}s sync {row['time/sync'] * 1000:.0f}ms"
+                    ),
+                )
                 if cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0:
                     _save(rt, be, run_dir, done)
             summary.steps = cfg.run.steps
@@ -494,10 +579,14 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
             png = plot(log.path, run_dir / "reward.png")
             console.print(summary_table(log.path))
             if summary.eval_start is not None:
-                console.print(f"eval reward on {r.eval_episodes} held-out seeds: "
-                              f"start of RL {summary.eval_start:.3f} → end of RL {summary.eval_end:.3f}")
+                console.print(
+                    f"eval reward on {r.eval_episodes} held-out seeds: "
+                    f"start of RL {summary.eval_start:.3f} → end of RL {summary.eval_end:.3f}"
+                )
             console.print(f"model: {final}\nplot: {png}\nwall time: {summary.seconds:.1f} s")
-            (run_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary) | {"history": []}, indent=1))
+            (run_dir / "summary.json").write_text(
+                json.dumps(dataclasses.asdict(summary) | {"history": []}, indent=1)
+            )
         return summary
     finally:
         if ahead is not None:

@@ -65,7 +65,9 @@ def aggregate(
         return ((per_token * m).sum(-1) / seq_tok.clamp(min=1.0)).sum() / n_seq
     if mode == "seq-mean-token-sum":
         return (per_token * m).sum(-1).sum() / n_seq
-    raise ValueError(f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+    raise ValueError(
+        f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum"
+    )
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> float:

@@ -17,7 +17,14 @@ __all__ = ["MetricsLogger", "plot", "read_jsonl", "summary_table"]
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, wandb: bool = False, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -38,7 +45,9 @@ class MetricsLogger:
             self._wandb = wb.init(project="agentrl", dir=str(self.dir), config=config or {})
 
     def log(self, kind: str, step: int, values: dict[str, float]) -> None:
-        clean = {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        clean = {
+            k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(float(v))
+        }
         self._f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **clean}) + "\n")
         self._f.flush()
         if self._tb is not None:
@@ -71,15 +80,26 @@ def plot(path: str | Path, out: str | Path) -> Path:
     evals = [r for r in rows if r["kind"] == "eval"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     ax = axes[0]
-    ax.plot([r["step"] for r in train], [r.get("rollout/reward", float("nan")) for r in train], label="train reward")
-    ax.plot([r["step"] for r in evals], [r.get("eval/reward", float("nan")) for r in evals], "o-", label="eval reward (held-out)")
+    ax.plot(
+        [r["step"] for r in train],
+        [r.get("rollout/reward", float("nan")) for r in train],
+        label="train reward",
+    )
+    ax.plot(
+        [r["step"] for r in evals],
+        [r.get("eval/reward", float("nan")) for r in evals],
+        "o-",
+        label="eval reward (held-out)",
+    )
     ax.set_xlabel("train step")
     ax.set_ylabel("reward")
     ax.legend()
     ax.grid(alpha=0.3)
     ax = axes[1]
     for key in ("time/rollout", "time/train", "time/sync"):
-        ax.plot([r["step"] for r in train], [r.get(key, float("nan")) for r in train], label=key.split("/")[1])
+        ax.plot(
+            [r["step"] for r in train], [r.get(key, float("nan")) for r in train], label=key.split("/")[1]
+        )
     ax.set_xlabel("train step")
     ax.set_ylabel("seconds")
     ax.legend()
@@ -102,10 +122,18 @@ def summary_table(path: str | Path) -> Any:
     t.add_column("metric")
     t.add_column("value", justify="right")
     if evals:
-        t.add_row(f"eval reward, start of RL (step {evals[0]['step']})", f"{evals[0].get('eval/reward', float('nan')):.3f}")
-        t.add_row(f"eval reward, end of RL (step {evals[-1]['step']})", f"{evals[-1].get('eval/reward', float('nan')):.3f}")
+        t.add_row(
+            f"eval reward, start of RL (step {evals[0]['step']})",
+            f"{evals[0].get('eval/reward', float('nan')):.3f}",
+        )
+        t.add_row(
+            f"eval reward, end of RL (step {evals[-1]['step']})",
+            f"{evals[-1].get('eval/reward', float('nan')):.3f}",
+        )
         turns = [r.get("eval/turns", 1.0) for r in (evals[0], evals[-1])]
-        if max(turns) > 1:  # a multi-turn env: how many assistant turns (e.g. tool calls + answer) episodes took
+        if (
+            max(turns) > 1
+        ):  # a multi-turn env: how many assistant turns (e.g. tool calls + answer) episodes took
             t.add_row("eval assistant turns per episode, start → end", f"{turns[0]:.2f} → {turns[1]:.2f}")
     if train:
         k = max(1, len(train) // 5)
@@ -117,6 +145,9 @@ def summary_table(path: str | Path) -> Any:
         if any(r.get("train/staleness_max", 0.0) > 0 for r in train):  # asynchronous rollout
             wait = sum(r.get("time/rollout_wait", 0.0) for r in train) / len(train)
             t.add_row("time/rollout_wait per step (mean s, async)", f"{wait:.3f}")
-            t.add_row("staleness, max (policy versions)", f"{max(r.get('train/staleness_max', 0.0) for r in train):.0f}")
+            t.add_row(
+                "staleness, max (policy versions)",
+                f"{max(r.get('train/staleness_max', 0.0) for r in train):.0f}",
+            )
         t.add_row("train steps", str(len(train)))
     return t

@@ -41,15 +41,24 @@ class RolloutAhead:
     """
 
     def __init__(
-        self, produce: Callable[[int], RolloutResult], *, first: int, end: int, max_staleness: int,
+        self,
+        produce: Callable[[int], RolloutResult],
+        *,
+        first: int,
+        end: int,
+        max_staleness: int,
         timeout_s: float,
     ) -> None:
         if max_staleness < 1:
-            raise ValueError(f"max_staleness={max_staleness}: RolloutAhead needs >= 1 (0 is the synchronous loop)")
+            raise ValueError(
+                f"max_staleness={max_staleness}: RolloutAhead needs >= 1 (0 is the synchronous loop)"
+            )
         self.produce, self.end, self.max_staleness, self.timeout_s = produce, end, max_staleness, timeout_s
         self._next = first  # the next step to submit
         self._futures: dict[int, concurrent.futures.Future[tuple[RolloutResult, float]]] = {}
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-rollout")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="agentrl-rollout"
+        )
 
     def _timed(self, step: int) -> tuple[RolloutResult, float]:
         t0 = time.perf_counter()

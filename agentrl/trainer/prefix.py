@@ -44,10 +44,14 @@ class PromptPlan:
     @property
     def cost(self) -> int:
         """Token positions of both forwards (with padding)."""
-        return len(self.prompts) * max(len(p) for p in self.prompts) + len(self.owner) * int(self.suffix_len.max())
+        return len(self.prompts) * max(len(p) for p in self.prompts) + len(self.owner) * int(
+            self.suffix_len.max()
+        )
 
 
-def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> list[tuple[int, ...]]:
+def prompt_keys(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+) -> list[tuple[int, ...]]:
     """Each row's prompt: its tokens before ``first trained - 1`` (rows with equal prompts can share one forward)."""
     lengths = attention_mask.sum(-1)
     trained = loss_mask > 0
@@ -57,7 +61,10 @@ def prompt_keys(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask
 
 
 def plan_shared_prompts(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, min_saving: float = 0.2,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    min_saving: float = 0.2,
     keys: list[tuple[int, ...]] | None = None,
 ) -> PromptPlan | None:
     """The split of a micro-batch into shared prompts, or ``None`` when it would not save ``min_saving`` of the work.
@@ -109,8 +116,8 @@ def shared_prompt_logits(
     real = torch.zeros((U, P), dtype=torch.bool)
     for u, p in enumerate(plan.prompts):
         if p:
-            ids[u, P - len(p):] = torch.tensor(p)
-            real[u, P - len(p):] = True
+            ids[u, P - len(p) :] = torch.tensor(p)
+            real[u, P - len(p) :] = True
     ids, real = ids.to(device), real.to(device)
     dtype = next(model.parameters()).dtype
     neg = torch.finfo(dtype).min
@@ -120,8 +127,14 @@ def shared_prompt_logits(
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, neg)[:, None]
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)
     cache = _cache([])
-    model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-          **{cache_kw: cache})
+    model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kw: cache},
+    )
     owner = plan.owner.to(device)
     kv = [(layer.keys.index_select(0, owner), layer.values.index_select(0, owner)) for layer in cache.layers]
 
@@ -134,11 +147,18 @@ def shared_prompt_logits(
     targets = input_ids.gather(1, (cols + 1).clamp(max=T - 1))
     scored = q[None] < (plan.suffix_len.to(device) - 1)[:, None]  # the position has a next token in the row
     seen_prompt = real.index_select(0, owner)  # each row sees its own prompt's columns
-    allowed_s = torch.cat([seen_prompt[:, None, :].expand(B, S, P), (q[None, :] <= q[:, None])[None].expand(B, S, S)], -1)
+    allowed_s = torch.cat(
+        [seen_prompt[:, None, :].expand(B, S, P), (q[None, :] <= q[:, None])[None].expand(B, S, S)], -1
+    )
     mask_s = torch.zeros(allowed_s.shape, dtype=dtype, device=device).masked_fill_(~allowed_s, neg)[:, None]
     # padding positions past the row's end get position T - 1 (their outputs are dropped)
-    out = model(input_ids=ids_s, attention_mask=mask_s, position_ids=cols.clamp(max=T - 1), use_cache=True,
-                **{cache_kw: _cache(kv)})
+    out = model(
+        input_ids=ids_s,
+        attention_mask=mask_s,
+        position_ids=cols.clamp(max=T - 1),
+        use_cache=True,
+        **{cache_kw: _cache(kv)},
+    )
     # unscored positions go to distinct columns past T - 2, which the caller drops
     return out.logits, targets, torch.where(scored, cols, T - 1 + q[None])
 

@@ -100,7 +100,9 @@ class RemoteSessions:
         self.base_url = base_url.rstrip("/")
         self.timeout_s, self.retries = timeout_s, retries
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
         self._http = httpx.Client(base_url=self.base_url, timeout=self._timeout, limits=self._limits)
         # an httpx.AsyncClient belongs to one event loop; the rollout runs one loop per step
         self._async: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
@@ -351,7 +353,9 @@ class RemoteSessionEngine(SGLangEngine):
             self._sessions.shutdown()
 
 
-def connect_session_server(cfg: Any, tokenizer: Any, model_name: str) -> tuple[RemoteSessions, RemoteSessionEngine]:
+def connect_session_server(
+    cfg: Any, tokenizer: Any, model_name: str
+) -> tuple[RemoteSessions, RemoteSessionEngine]:
     """Connect to ``cfg.rollout.session_url`` and check it serves ``model_name``; ConfigError if not.
 
     Runs before the trainer loads its policy copy, so a wrong URL or model fails fast.

@@ -106,7 +106,9 @@ class RolloutManager:
             return await method(*args)
         return getattr(self.sessions, name)(*args)
 
-    async def _episode_once(self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int) -> Episode:
+    async def _episode_once(
+        self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int
+    ) -> Episode:
         from agentrl.engines.errors import ContextLengthError
 
         env = self.env_factory()
@@ -120,10 +122,13 @@ class RolloutManager:
             history: list[Message] = list(messages)
             done = False
             while not done and turns < self.max_turns:
-                sampling = SamplingParams.model_validate({
-                    "temperature": temperature, "max_new_tokens": self.max_new_tokens,
-                    "seed": episode_seed(salt, seed, index, turns, attempt),
-                })
+                sampling = SamplingParams.model_validate(
+                    {
+                        "temperature": temperature,
+                        "max_new_tokens": self.max_new_tokens,
+                        "seed": episode_seed(salt, seed, index, turns, attempt),
+                    }
+                )
                 try:
                     res = await self.sessions.chat_completion(sid, history, tools, sampling)
                 except ContextLengthError as e:
@@ -145,21 +150,33 @@ class RolloutManager:
             if close is not None:
                 await asyncio.to_thread(close)
         out = [
-            t.model_copy(update={"reward": reward, "group_id": group_id, "episode_id": f"{group_id}/{index}",
-                                 "status": status, "error": error, "truncated": truncated, "num_turns": turns})
+            t.model_copy(
+                update={
+                    "reward": reward,
+                    "group_id": group_id,
+                    "episode_id": f"{group_id}/{index}",
+                    "status": status,
+                    "error": error,
+                    "truncated": truncated,
+                    "num_turns": turns,
+                }
+            )
             for t in trajs
         ]
         return Episode(seed, group_id, reward, out, status, error, turns, attempt + 1, completion, truncated)
 
-    async def episode(self, seed: int, group_id: str, index: int, temperature: float, salt: int = 0) -> Episode:
+    async def episode(
+        self, seed: int, group_id: str, index: int, temperature: float, salt: int = 0
+    ) -> Episode:
         """One episode with infrastructure retries; a final failure returns ``status="infra_error"``."""
         last = ""
         for attempt in range(self.max_infra_retries + 1):
             try:
                 return await asyncio.wait_for(
-                    self._episode_once(seed, group_id, index, temperature, attempt, salt), self.episode_timeout_s
+                    self._episode_once(seed, group_id, index, temperature, attempt, salt),
+                    self.episode_timeout_s,
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 last = f"episode deadline of {self.episode_timeout_s} s passed"
             except Exception as e:  # noqa: BLE001 - classified below, never crashes the other episodes
                 last = f"{type(e).__name__}: {e}"
@@ -170,14 +187,21 @@ class RolloutManager:
     # ------------------------------------------------------------ groups
 
     async def arun(
-        self, task_seeds: Sequence[int], group_size: int, temperature: float, *, salt: int = 0,
+        self,
+        task_seeds: Sequence[int],
+        group_size: int,
+        temperature: float,
+        *,
+        salt: int = 0,
         allow_empty: bool = False,
     ) -> RolloutResult:
         """G episodes of every task, concurrently; raises RolloutError when no group completes
         (unless ``allow_empty``: a rank's share of a step may fail while the others' succeed)."""
         t0 = time.perf_counter()
         jobs = [
-            self.episode(seed, f"s{seed}", i, temperature, salt) for seed in task_seeds for i in range(group_size)
+            self.episode(seed, f"s{seed}", i, temperature, salt)
+            for seed in task_seeds
+            for i in range(group_size)
         ]
         try:
             episodes = await asyncio.gather(*jobs)
@@ -222,14 +246,25 @@ class RolloutManager:
         return RolloutResult(groups, metrics, errors[:1])
 
     def run(
-        self, task_seeds: Sequence[int], group_size: int, temperature: float, *, salt: int = 0,
+        self,
+        task_seeds: Sequence[int],
+        group_size: int,
+        temperature: float,
+        *,
+        salt: int = 0,
         allow_empty: bool = False,
     ) -> RolloutResult:
         return asyncio.run(self.arun(task_seeds, group_size, temperature, salt=salt, allow_empty=allow_empty))
 
 
-_SUMMED = {"rollout/groups", "rollout/groups_dropped", "rollout/episodes_ok", "rollout/episodes_model_error",
-           "rollout/episodes_infra_error", "rollout/infra_retries"}
+_SUMMED = {
+    "rollout/groups",
+    "rollout/groups_dropped",
+    "rollout/episodes_ok",
+    "rollout/episodes_model_error",
+    "rollout/episodes_infra_error",
+    "rollout/infra_retries",
+}
 
 
 def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> RolloutResult:

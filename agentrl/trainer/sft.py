@@ -56,10 +56,14 @@ def oracle_example(env: Any, sessions: Any, seed: int, max_turns: int = 16) -> T
             if full[t] in stops:
                 break
     n = len(full)
-    return Trajectory(token_ids=full, loss_mask=mask, rollout_logprobs=[0.0] * n, policy_versions=[-1] * n, reward=1.0)
+    return Trajectory(
+        token_ids=full, loss_mask=mask, rollout_logprobs=[0.0] * n, policy_versions=[-1] * n, reward=1.0
+    )
 
 
-def oracle_examples(env_factory: Callable[[], Any], sessions: Any, count: int, start: int = SFT_SEED_OFFSET) -> list[Trajectory]:
+def oracle_examples(
+    env_factory: Callable[[], Any], sessions: Any, count: int, start: int = SFT_SEED_OFFSET
+) -> list[Trajectory]:
     env = env_factory()
     try:
         return [oracle_example(env, sessions, start + i) for i in range(count)]
@@ -69,7 +73,9 @@ def oracle_examples(env_factory: Callable[[], Any], sessions: Any, count: int, s
             close()
 
 
-def sft_batches(examples: list[Trajectory], batch_size: int, steps: int, pad_id: int, seed: int = 0) -> Iterator[TrainBatch]:
+def sft_batches(
+    examples: list[Trajectory], batch_size: int, steps: int, pad_id: int, seed: int = 0
+) -> Iterator[TrainBatch]:
     """``steps`` batches cycling through ``examples`` in a seeded shuffled order."""
     import random
 

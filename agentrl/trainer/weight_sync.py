@@ -32,7 +32,15 @@ import torch
 
 from agentrl.trainer.errors import WeightSyncError
 
-__all__ = ["BroadcastSync", "DiskSync", "InProcessSync", "SyncResult", "WeightSync", "make_sync", "save_weights_dir"]
+__all__ = [
+    "BroadcastSync",
+    "DiskSync",
+    "InProcessSync",
+    "SyncResult",
+    "WeightSync",
+    "make_sync",
+    "save_weights_dir",
+]
 
 
 @dataclass
@@ -81,7 +89,9 @@ class InProcessSync:
             got = self.engine.update_weights_sync(state_dict=state_dict, version=want, timeout=self.timeout_s)
         except Exception as e:  # noqa: BLE001 - any engine failure leaves the old weights
             raise WeightSyncError(f"in-process weight sync to version {want} failed: {e}") from e
-        return SyncResult(_check(self.engine, got, want, "in-process"), time.perf_counter() - t0, _nbytes(state_dict))
+        return SyncResult(
+            _check(self.engine, got, want, "in-process"), time.perf_counter() - t0, _nbytes(state_dict)
+        )
 
     def close(self) -> None:
         pass
@@ -129,7 +139,12 @@ class BroadcastSync:
         timeout_s: float = 120.0,
         group_name: str = "agentrl_weight_sync",
     ) -> None:
-        self.engine, self.bucket_bytes, self.timeout_s, self.group_name = engine, bucket_bytes, timeout_s, group_name
+        self.engine, self.bucket_bytes, self.timeout_s, self.group_name = (
+            engine,
+            bucket_bytes,
+            timeout_s,
+            group_name,
+        )
         port = master_port or _free_port(master_address)
 
         async def setup() -> Any:
@@ -143,7 +158,9 @@ class BroadcastSync:
         try:
             self.group = asyncio.run(setup())
         except Exception as e:  # noqa: BLE001
-            raise WeightSyncError(f"could not set up the broadcast group at {master_address}:{port}: {e}") from e
+            raise WeightSyncError(
+                f"could not set up the broadcast group at {master_address}:{port}: {e}"
+            ) from e
 
     def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
         return _run(self.apush(state_dict))
@@ -153,15 +170,23 @@ class BroadcastSync:
 
         t0 = time.perf_counter()
         want = self.engine.weight_version + 1
-        buckets = list(bucket_tensors({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, self.bucket_bytes))
+        buckets = list(
+            bucket_tensors(
+                {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, self.bucket_bytes
+            )
+        )
         got = -1
         try:
             for i, bucket in enumerate(buckets):
                 last = i == len(buckets) - 1
                 recv = asyncio.create_task(
                     self.engine.update_weights_from_distributed(
-                        [n for n, _ in bucket], [dtype_name(t.dtype) for _, t in bucket], [list(t.shape) for _, t in bucket],
-                        group_name=self.group_name, flush_cache=last, weight_version=want if last else None,
+                        [n for n, _ in bucket],
+                        [dtype_name(t.dtype) for _, t in bucket],
+                        [list(t.shape) for _, t in bucket],
+                        group_name=self.group_name,
+                        flush_cache=last,
+                        weight_version=want if last else None,
                         timeout_s=self.timeout_s,
                     )
                 )
@@ -169,7 +194,12 @@ class BroadcastSync:
                 got = await asyncio.wait_for(recv, self.timeout_s)
         except Exception as e:  # noqa: BLE001
             raise WeightSyncError(f"broadcast weight sync to version {want} failed: {e}") from e
-        return SyncResult(_check(self.engine, got, want, "broadcast"), time.perf_counter() - t0, _nbytes(state_dict), len(buckets))
+        return SyncResult(
+            _check(self.engine, got, want, "broadcast"),
+            time.perf_counter() - t0,
+            _nbytes(state_dict),
+            len(buckets),
+        )
 
     def _send(self, tensors: list[torch.Tensor]) -> None:
         import datetime
@@ -177,7 +207,9 @@ class BroadcastSync:
         for t in tensors:
             work = self.group.broadcast(t, 0)
             if not work.wait(datetime.timedelta(seconds=self.timeout_s)):
-                raise WeightSyncError(f"broadcast of a {tuple(t.shape)} tensor did not finish in {self.timeout_s} s")
+                raise WeightSyncError(
+                    f"broadcast of a {tuple(t.shape)} tensor did not finish in {self.timeout_s} s"
+                )
 
     def close(self) -> None:
         asyncio.run(self.engine.destroy_weights_update_group(self.group_name))
@@ -199,7 +231,9 @@ def _trainer_group(host: str, port: int, world_size: int, timeout_s: float, grou
     store, rank, world = next(c10d.rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout))
     store.set_timeout(timeout)
     # the same key layout as a registered group named group_name (c10d's helper nests these prefixes)
-    prefixed = c10d.PrefixStore("cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store)))
+    prefixed = c10d.PrefixStore(
+        "cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store))
+    )
     return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
 
 

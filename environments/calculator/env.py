@@ -38,13 +38,19 @@ _ANSWER_RE = re.compile(r"<answer>\s*(-?[\d,]+(?:\.\d+)?)\s*</answer>")
 # (template, expression over a, b, c); every result is a positive integer by construction.
 _TEMPLATES = [
     ("A crate holds {a} bottles. How many bottles are in {b} crates?", "{a}*{b}"),
-    ("Mia had {a} stickers and bought {b} packs of {c} stickers. How many stickers does she have now?",
-     "{a}+{b}*{c}"),
-    ("A school has {b} classes of {a} pupils; {c} pupils are away today. How many pupils are in school?",
-     "{b}*{a}-{c}"),
+    (
+        "Mia had {a} stickers and bought {b} packs of {c} stickers. How many stickers does she have now?",
+        "{a}+{b}*{c}",
+    ),
+    (
+        "A school has {b} classes of {a} pupils; {c} pupils are away today. How many pupils are in school?",
+        "{b}*{a}-{c}",
+    ),
     ("A farmer packs {p} eggs into boxes of {a}. How many boxes does he fill?", "{p}/{a}"),
-    ("A train travels {a} km every hour for {b} hours, then {c} km more. How far does it go in total?",
-     "{a}*{b}+{c}"),
+    (
+        "A train travels {a} km every hour for {b} hours, then {c} km more. How far does it go in total?",
+        "{a}*{b}+{c}",
+    ),
 ]
 
 
@@ -91,27 +97,39 @@ class CalculatorEnv(ToolEnv):
 
     reward_range = (0.0, 1.0)
 
-    def __init__(self, max_turns: int = 4, templates: list[int] | None = None,
-                 operand_range: list[int] | None = None, oracle_tool_rate: float = 1.0) -> None:
+    def __init__(
+        self,
+        max_turns: int = 4,
+        templates: list[int] | None = None,
+        operand_range: list[int] | None = None,
+        oracle_tool_rate: float = 1.0,
+    ) -> None:
         if max_turns < 2:
             raise ValueError(f"max_turns must be ≥ 2 (one tool call and one answer), got {max_turns}")
         if templates is not None:
             bad = [t for t in templates if not isinstance(t, int) or not 0 <= t < len(_TEMPLATES)]
             if not templates or bad:
                 raise ValueError(
-                    f"templates must be a non-empty list of indices 0..{len(_TEMPLATES) - 1}, got {templates!r}")
+                    f"templates must be a non-empty list of indices 0..{len(_TEMPLATES) - 1}, got {templates!r}"
+                )
         if operand_range is not None and (
-                len(operand_range) != 2 or not 1 <= operand_range[0] < operand_range[1]):
+            len(operand_range) != 2 or not 1 <= operand_range[0] < operand_range[1]
+        ):
             raise ValueError(f"operand_range must be [low, high) with 1 ≤ low < high, got {operand_range!r}")
-        if isinstance(oracle_tool_rate, bool) or not isinstance(oracle_tool_rate, (int, float)) \
-                or not 0.0 <= oracle_tool_rate <= 1.0:
+        if (
+            isinstance(oracle_tool_rate, bool)
+            or not isinstance(oracle_tool_rate, (int, float))
+            or not 0.0 <= oracle_tool_rate <= 1.0
+        ):
             raise ValueError(f"oracle_tool_rate must lie in [0, 1], got {oracle_tool_rate!r}")
         self.max_turns = max_turns
         self.oracle_tool_rate = float(oracle_tool_rate)
         self.oracle_uses_tool = True
         self.guess = 0
         self.templates = list(templates) if templates is not None else None
-        self.operand_range = (int(operand_range[0]), int(operand_range[1])) if operand_range is not None else None
+        self.operand_range = (
+            (int(operand_range[0]), int(operand_range[1])) if operand_range is not None else None
+        )
         self.expression = ""
         self.solution = 0
 

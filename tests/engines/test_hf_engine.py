@@ -362,7 +362,9 @@ async def test_identical_prompts_arriving_together_share_one_prefill(model: torc
     assert [g.meta["cached_tokens"] for g in group] == [0, len(p), len(p), len(p)]
 
 
-async def test_chunked_prefill_matches_a_full_forward(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module) -> None:
+async def test_chunked_prefill_matches_a_full_forward(
+    monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module
+) -> None:
     """Long prompts are prefilled in chunks (bounded mask memory): same logprobs as one full forward,
     for left-padded batches and for a next turn that extends a cached prefix."""
     import agentrl.engines.batch as batch_mod
@@ -376,7 +378,11 @@ async def test_chunked_prefill_matches_a_full_forward(monkeypatch: pytest.Monkey
         gens = await asyncio.gather(*(eng.generate(p, params) for p in ps))
         for p, g, r in zip(ps, gens, ref_gens, strict=True):
             assert g.output_ids == r.output_ids
-            assert torch.allclose(torch.tensor(g.logprobs), teacher_forced(model, p, g, params), atol=LOGPROB_ATOL)
+            assert torch.allclose(
+                torch.tensor(g.logprobs), teacher_forced(model, p, g, params), atol=LOGPROB_ATOL
+            )
         nxt = ps[0] + gens[0].output_ids + [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]  # 11 new tokens: 3 chunks
         g2 = await eng.generate(nxt, params)
-        assert torch.allclose(torch.tensor(g2.logprobs), teacher_forced(model, nxt, g2, params), atol=LOGPROB_ATOL)
+        assert torch.allclose(
+            torch.tensor(g2.logprobs), teacher_forced(model, nxt, g2, params), atol=LOGPROB_ATOL
+        )

@@ -28,7 +28,11 @@ def say(text: str) -> Message:
         ("<answer>-3+5</answer>", False, "answer uses an unsupported construct (USub)"),
         ("<answer>3**2</answer>", False, "answer uses an unsupported construct (Pow)"),
         ("<answer>(3+5</answer>", False, "answer '(3+5' is not a valid expression"),
-        ("<answer>(3+5)*2.0</answer>", False, "answer '(3+5)*2.0' must use only digits, + - * / and parentheses"),
+        (
+            "<answer>(3+5)*2.0</answer>",
+            False,
+            "answer '(3+5)*2.0' must use only digits, + - * / and parentheses",
+        ),
         ("(3+5)*2", False, "no <answer>...</answer> tag"),
     ],
 )

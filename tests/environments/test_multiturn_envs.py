@@ -17,7 +17,9 @@ def say(text: str) -> Message:
 
 
 def calc(expr: str, id: str = "c1") -> Message:
-    call = ToolCall(id=id, function=FunctionCall(name="calculate", arguments=json.dumps({"expression": expr})))
+    call = ToolCall(
+        id=id, function=FunctionCall(name="calculate", arguments=json.dumps({"expression": expr}))
+    )
     return Message(role="assistant", tool_calls=[call])
 
 
@@ -42,7 +44,8 @@ def test_calculator_wrong_answer_and_turn_limit() -> None:
 
 
 @pytest.mark.parametrize(
-    ("expr", "value"), [("2*(3+4)", 14), ("-3+5", 2), ("7/2", 3.5), ("1.5*2", 3), ("10 ÷ 4", 2.5)])
+    ("expr", "value"), [("2*(3+4)", 14), ("-3+5", 2), ("7/2", 3.5), ("1.5*2", 3), ("10 ÷ 4", 2.5)]
+)
 def test_calculator_evaluates_exactly(expr: str, value: float) -> None:
     assert evaluate(expr) == value
 
@@ -71,7 +74,9 @@ def test_guess_number_feedback_invalid_guesses_and_truncation() -> None:
     assert env.step(say("<guess>5</guess>")).messages[0].content == "5 is too low: higher."
     assert env.step(say("<guess>13</guess>")).messages[0].content == "13 is too high: lower."
     bad = env.step(say("eleven"))
-    assert bad.messages[0].content == ("Invalid guess 'eleven': reply with <guess>N</guess> where N is from 1 to 16.")
+    assert bad.messages[0].content == (
+        "Invalid guess 'eleven': reply with <guess>N</guess> where N is from 1 to 16."
+    )
     assert bad.info["invalid_guesses"] == 1
     win = env.step(say("<guess>11</guess>"))
     assert (win.reward, win.terminated, win.info["solved"]) == (1.0, True, True)
@@ -143,7 +148,9 @@ def test_calculator_mixed_oracle_uses_the_tool_on_its_share_of_seeds_and_guesses
             assert (turns, result.reward, result.info["tool_calls"]) == (1, 0.0, 0)
             assert env.guess == a + b  # type: ignore[attr-defined]
     assert 40 <= with_tool <= 80 and with_tool + guessed == 200  # about 30 % of 200 seeds
-    assert all(_oracle_episode(plain, s)[1].reward == 1.0 for s in range(20))  # the default oracle always solves
+    assert all(
+        _oracle_episode(plain, s)[1].reward == 1.0 for s in range(20)
+    )  # the default oracle always solves
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="oracle_tool_rate"):
             envs.make("calculator-v0", oracle_tool_rate=bad)

@@ -29,8 +29,19 @@ class Good(Env):
 
 def test_good_env_passes_every_check() -> None:
     report = check_env(Good())
-    assert report.passed == ["type", "step-before-reset", "reset", "tools", "oracle", "determinism",
-                             "step-after-end", "empty-reply", "independence", "async", "close"]
+    assert report.passed == [
+        "type",
+        "step-before-reset",
+        "reset",
+        "tools",
+        "oracle",
+        "determinism",
+        "step-after-end",
+        "empty-reply",
+        "independence",
+        "async",
+        "close",
+    ]
     assert report.skipped == {"bad-tool-call": "the env has no tools"}
 
 
@@ -104,7 +115,9 @@ class SharedState(Good):
         return [Message(role="user", content="guess")], {}
 
     def _step(self, action: Message) -> StepResult:
-        return StepResult([Message(role="user", content=str(self.secret))], float(action.content == "ok"), True)
+        return StepResult(
+            [Message(role="user", content=str(self.secret))], float(action.content == "ok"), True
+        )
 
 
 class BadSchema(Good):
@@ -166,22 +179,67 @@ class Tooled(ToolEnv):
 
 
 CASES = [
-    (NotAnEnv, "check_env(NotAnEnv): type: NotAnEnv is not an agentrl.envs.Env; subclass agentrl.envs.Env (or ToolEnv)"),
+    (
+        NotAnEnv,
+        "check_env(NotAnEnv): type: NotAnEnv is not an agentrl.envs.Env; subclass agentrl.envs.Env (or ToolEnv)",
+    ),
     (EmptyReset, "check_env(EmptyReset): reset: reset() returned no messages; the model needs a prompt"),
-    (OutOfRange, "check_env(OutOfRange): oracle: step() reward 2.0 at turn 1 is outside reward_range (0.0, 1.0); fix the reward or declare a wider reward_range"),
-    (WeakOracle, "check_env(WeakOracle): oracle: the oracle episode returned 0.5, not the maximum 1.0; fix oracle_action() or the reward, or lower reward_range[1]"),
-    (NeverEnds, "check_env(NeverEnds): oracle: the oracle episode was truncated at turn 2 instead of terminating; the gold solution must finish the task within max_turns"),
-    (NanReward, "check_env(NanReward): step-before-reset: step() before reset() returned normally; it must raise (agentrl.envs.ResetNeededError) — implement _reset/_step and let Env.step guard the lifecycle"),
-    (StringObs, "check_env(StringObs): step-before-reset: step() before reset() returned normally; it must raise (agentrl.envs.ResetNeededError) — implement _reset/_step and let Env.step guard the lifecycle"),
-    (GuardsOnlyBeforeReset, "check_env(GuardsOnlyBeforeReset): step-after-end: step() after the episode ended returned normally; it must raise (agentrl.envs.EpisodeDoneError) so a finished episode cannot keep earning reward"),
-    (Unseeded, "check_env(Unseeded): determinism: two episodes with seed=0 differ at the reset messages; draw randomness only from self.np_random (seeded by reset), or register the env with deterministic=False"),
-    (SharedState, "check_env(SharedState): independence: an episode of a second instance changed this instance's episode; keep episode state on self (set in _reset), not on the class or module"),
-    (BadSchema, "check_env(BadSchema): tools: tool 'f' parameters are not a valid JSON Schema: 'objekt' is not valid under any of the given schemas"),
-    (ArraySchema, "check_env(ArraySchema): tools: tool 'f' parameters must be a JSON Schema of type 'object', got type 'array'"),
-    (CrashesOnBadTool, "check_env(CrashesOnBadTool): bad-tool-call: step() with an unknown tool and broken JSON arguments raised KeyError: 'no_such_tool_xyz'"),
-    (SilentOnBadTool, "check_env(SilentOnBadTool): bad-tool-call: no tool message answered the malformed calls ['probe-1', 'probe-2']; every tool call needs a role='tool' reply with its tool_call_id (ToolEnv does this)"),
-    (RewardsAnything, "check_env(RewardsAnything): empty-reply: replying with nothing earned the maximum return 1.0; the reward must depend on what the model says (pass skip=('empty-reply',) if an empty reply really is the answer)"),
-    (BadClose, "check_env(BadClose): close: close() twice raised RuntimeError: already closed; close() must be idempotent"),
+    (
+        OutOfRange,
+        "check_env(OutOfRange): oracle: step() reward 2.0 at turn 1 is outside reward_range (0.0, 1.0); fix the reward or declare a wider reward_range",
+    ),
+    (
+        WeakOracle,
+        "check_env(WeakOracle): oracle: the oracle episode returned 0.5, not the maximum 1.0; fix oracle_action() or the reward, or lower reward_range[1]",
+    ),
+    (
+        NeverEnds,
+        "check_env(NeverEnds): oracle: the oracle episode was truncated at turn 2 instead of terminating; the gold solution must finish the task within max_turns",
+    ),
+    (
+        NanReward,
+        "check_env(NanReward): step-before-reset: step() before reset() returned normally; it must raise (agentrl.envs.ResetNeededError) — implement _reset/_step and let Env.step guard the lifecycle",
+    ),
+    (
+        StringObs,
+        "check_env(StringObs): step-before-reset: step() before reset() returned normally; it must raise (agentrl.envs.ResetNeededError) — implement _reset/_step and let Env.step guard the lifecycle",
+    ),
+    (
+        GuardsOnlyBeforeReset,
+        "check_env(GuardsOnlyBeforeReset): step-after-end: step() after the episode ended returned normally; it must raise (agentrl.envs.EpisodeDoneError) so a finished episode cannot keep earning reward",
+    ),
+    (
+        Unseeded,
+        "check_env(Unseeded): determinism: two episodes with seed=0 differ at the reset messages; draw randomness only from self.np_random (seeded by reset), or register the env with deterministic=False",
+    ),
+    (
+        SharedState,
+        "check_env(SharedState): independence: an episode of a second instance changed this instance's episode; keep episode state on self (set in _reset), not on the class or module",
+    ),
+    (
+        BadSchema,
+        "check_env(BadSchema): tools: tool 'f' parameters are not a valid JSON Schema: 'objekt' is not valid under any of the given schemas",
+    ),
+    (
+        ArraySchema,
+        "check_env(ArraySchema): tools: tool 'f' parameters must be a JSON Schema of type 'object', got type 'array'",
+    ),
+    (
+        CrashesOnBadTool,
+        "check_env(CrashesOnBadTool): bad-tool-call: step() with an unknown tool and broken JSON arguments raised KeyError: 'no_such_tool_xyz'",
+    ),
+    (
+        SilentOnBadTool,
+        "check_env(SilentOnBadTool): bad-tool-call: no tool message answered the malformed calls ['probe-1', 'probe-2']; every tool call needs a role='tool' reply with its tool_call_id (ToolEnv does this)",
+    ),
+    (
+        RewardsAnything,
+        "check_env(RewardsAnything): empty-reply: replying with nothing earned the maximum return 1.0; the reward must depend on what the model says (pass skip=('empty-reply',) if an empty reply really is the answer)",
+    ),
+    (
+        BadClose,
+        "check_env(BadClose): close: close() twice raised RuntimeError: already closed; close() must be idempotent",
+    ),
 ]
 
 
@@ -203,9 +261,15 @@ def test_guards_bypassed_reward_and_type_errors_are_found() -> None:
             super().step(action)
             return "done", 1.0, True, False, {}
 
-    with pytest.raises(EnvCheckError, match=r"^check_env\(NanAfterReset\): oracle: step\(\) returned a non-finite reward nan at turn 1$"):
+    with pytest.raises(
+        EnvCheckError,
+        match=r"^check_env\(NanAfterReset\): oracle: step\(\) returned a non-finite reward nan at turn 1$",
+    ):
         check_env(NanAfterReset)
-    with pytest.raises(EnvCheckError, match=r"^check_env\(StrAfterReset\): oracle: step\(\) messages must be a list of agentrl.Message, got 'done'$"):
+    with pytest.raises(
+        EnvCheckError,
+        match=r"^check_env\(StrAfterReset\): oracle: step\(\) messages must be a list of agentrl.Message, got 'done'$",
+    ):
         check_env(StrAfterReset)
 
 

@@ -57,8 +57,11 @@ SAY = {"role": "assistant", "content": "<answer>(3+5)*2</answer>"}
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    config = ServerConfig(env_ids=["countdown-v0", "calculator-v0", "test-server-slow-v0"],
-                          step_timeout_s=1.5, max_body_bytes=20_000)
+    config = ServerConfig(
+        env_ids=["countdown-v0", "calculator-v0", "test-server-slow-v0"],
+        step_timeout_s=1.5,
+        max_body_bytes=20_000,
+    )
     with ServerThread(config) as u:
         yield u
 
@@ -85,8 +88,16 @@ def test_episode_lifecycle_over_raw_http(http: httpx.Client) -> None:
     reset = http.post(f"/episodes/{eid}/reset", json={"seed": 5}).json()
     assert "calculate tool" in reset["messages"][0]["content"]
     assert http.post(f"/episodes/{eid}/reset", json={"seed": 5}).json() == reset  # same seed, same episode
-    call = {"role": "assistant", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6*7"}'}}]}
+    call = {
+        "role": "assistant",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "calculate", "arguments": '{"expression": "6*7"}'},
+            }
+        ],
+    }
     step = http.post(f"/episodes/{eid}/step", json={"action": call}).json()
     assert step["messages"] == [{"role": "tool", "content": "42", "tool_call_id": "c1", "name": "calculate"}]
     assert (step["reward"], step["terminated"], step["truncated"]) == (0.0, False, False)
@@ -100,31 +111,98 @@ def test_episode_lifecycle_over_raw_http(http: httpx.Client) -> None:
 @pytest.mark.parametrize(
     ("setup", "method", "path", "body", "status", "detail"),
     [
-        (None, "post", "/episodes", {"env_id": "countdwn-v0"}, 404,
-         "unknown env 'countdwn-v0'; did you mean 'countdown-v0'? (agentrl envs lists all); this server serves"),
-        (None, "post", "/episodes", {"env_id": "frozenlake-v0"}, 404,
-         "env 'frozenlake-v0' is registered but not served here"),
-        (None, "post", "/episodes", {"env_id": "countdown-v0", "kwargs": {"num_numbers": 99}}, 422,
-         "cannot build 'countdown-v0' with kwargs {'num_numbers': 99}: ValueError: num_numbers must be 2..6"),
-        (None, "post", "/episodes", {"env_id": "countdown-v0", "kwargs": {"nope": 1}}, 422,
-         "cannot build 'countdown-v0' with kwargs {'nope': 1}: TypeError"),
+        (
+            None,
+            "post",
+            "/episodes",
+            {"env_id": "countdwn-v0"},
+            404,
+            "unknown env 'countdwn-v0'; did you mean 'countdown-v0'? (agentrl envs lists all); this server serves",
+        ),
+        (
+            None,
+            "post",
+            "/episodes",
+            {"env_id": "frozenlake-v0"},
+            404,
+            "env 'frozenlake-v0' is registered but not served here",
+        ),
+        (
+            None,
+            "post",
+            "/episodes",
+            {"env_id": "countdown-v0", "kwargs": {"num_numbers": 99}},
+            422,
+            "cannot build 'countdown-v0' with kwargs {'num_numbers': 99}: ValueError: num_numbers must be 2..6",
+        ),
+        (
+            None,
+            "post",
+            "/episodes",
+            {"env_id": "countdown-v0", "kwargs": {"nope": 1}},
+            422,
+            "cannot build 'countdown-v0' with kwargs {'nope': 1}: TypeError",
+        ),
         (None, "post", "/episodes", {"env": "countdown-v0"}, 422, "invalid request: env_id: Field required"),
-        (None, "post", "/episodes/deadbeef/step", {"action": SAY}, 404,
-         "unknown episode 'deadbeef'; create one with POST /episodes"),
+        (
+            None,
+            "post",
+            "/episodes/deadbeef/step",
+            {"action": SAY},
+            404,
+            "unknown episode 'deadbeef'; create one with POST /episodes",
+        ),
         (None, "delete", "/episodes/deadbeef", None, 404, "unknown episode 'deadbeef'"),
-        ("created", "post", "/episodes/{id}/step", {"action": SAY}, 409, "step before reset; POST /episodes/"),
+        (
+            "created",
+            "post",
+            "/episodes/{id}/step",
+            {"action": SAY},
+            409,
+            "step before reset; POST /episodes/",
+        ),
         ("done", "post", "/episodes/{id}/step", {"action": SAY}, 409, "already ended at turn 1; reset it"),
-        ("reset", "post", "/episodes/{id}/step", {"action": {"role": "user", "content": "hi"}}, 422,
-         "step() takes an assistant message, got role='user'"),
-        ("reset", "post", "/episodes/{id}/step", {"action": {"role": "wizard"}}, 422,
-         "invalid request: action.role: Input should be 'system', 'user', 'assistant' or 'tool'"),
-        ("reset", "post", "/episodes/{id}/step", {"action": {"role": "user", "tool_calls": []}, "x": 1}, 422,
-         "invalid request: x: Extra inputs are not permitted"),
+        (
+            "reset",
+            "post",
+            "/episodes/{id}/step",
+            {"action": {"role": "user", "content": "hi"}},
+            422,
+            "step() takes an assistant message, got role='user'",
+        ),
+        (
+            "reset",
+            "post",
+            "/episodes/{id}/step",
+            {"action": {"role": "wizard"}},
+            422,
+            "invalid request: action.role: Input should be 'system', 'user', 'assistant' or 'tool'",
+        ),
+        (
+            "reset",
+            "post",
+            "/episodes/{id}/step",
+            {"action": {"role": "user", "tool_calls": []}, "x": 1},
+            422,
+            "invalid request: x: Extra inputs are not permitted",
+        ),
         ("reset", "post", "/episodes/{id}/step", {}, 422, "invalid request: action: Field required"),
-        ("reset", "post", "/episodes/{id}/reset", {"seed": -1}, 422,
-         "invalid request: seed: Input should be greater than or equal to 0"),
-        ("reset", "post", "/episodes/{id}/reset", {"options": {"numbers": "abc", "target": 3}}, 422,
-         "env reset raised ValueError: invalid literal for int()"),
+        (
+            "reset",
+            "post",
+            "/episodes/{id}/reset",
+            {"seed": -1},
+            422,
+            "invalid request: seed: Input should be greater than or equal to 0",
+        ),
+        (
+            "reset",
+            "post",
+            "/episodes/{id}/reset",
+            {"options": {"numbers": "abc", "target": 3}},
+            422,
+            "env reset raised ValueError: invalid literal for int()",
+        ),
         (None, "get", "/nowhere", None, 404, "no route GET /nowhere; see /docs"),
         (None, "put", "/health", None, 405, "method PUT not allowed on /health"),
     ],
@@ -147,12 +225,17 @@ def test_bad_input_gets_4xx_naming_the_problem(
 
 def test_malformed_json_and_oversized_bodies(http: httpx.Client) -> None:
     eid = create(http)
-    r = http.post(f"/episodes/{eid}/reset", content=b"{not json", headers={"content-type": "application/json"})
+    r = http.post(
+        f"/episodes/{eid}/reset", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422 and "JSON decode error" in r.json()["detail"]
     big = {"action": {"role": "assistant", "content": "x" * 30_000}}
     r = http.post(f"/episodes/{eid}/step", json=big)
     assert r.status_code == 413
-    assert r.json()["detail"].startswith("request body of 30") and "exceeds the limit of 20000 bytes" in r.json()["detail"]
+    assert (
+        r.json()["detail"].startswith("request body of 30")
+        and "exceeds the limit of 20000 bytes" in r.json()["detail"]
+    )
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while streaming
         yield b'{"action": {"role": "assistant", "content": "'
@@ -181,8 +264,11 @@ def test_step_deadline_marks_infra_error_and_server_keeps_serving(url: str, http
     done.set()
     t.join()
     assert r.status_code == 504
-    assert r.json() == {"detail": f"episode {eid!r}: step exceeded the 1.5 s deadline; "
-                                  "the episode is marked infra_error: timeout", "infra_error": "timeout"}
+    assert r.json() == {
+        "detail": f"episode {eid!r}: step exceeded the 1.5 s deadline; "
+        "the episode is marked infra_error: timeout",
+        "infra_error": "timeout",
+    }
     assert health_while_stuck and set(health_while_stuck) == {200}  # the event loop never blocked
     r = http.post(f"/episodes/{eid}/step", json={"action": {"role": "assistant", "content": "go"}})
     assert r.status_code == 409 and r.json()["infra_error"] == "timeout"
@@ -195,12 +281,18 @@ def test_env_exception_is_an_infra_error_of_that_episode(http: httpx.Client) -> 
     http.post(f"/episodes/{eid}/reset", json={})
     r = http.post(f"/episodes/{eid}/step", json={"action": {"role": "assistant", "content": "crash"}})
     assert r.status_code == 422
-    assert r.json() == {"detail": f"episode {eid!r}: env step raised RuntimeError: env bug",
-                        "infra_error": "env_error"}
+    assert r.json() == {
+        "detail": f"episode {eid!r}: env step raised RuntimeError: env bug",
+        "infra_error": "env_error",
+    }
     other = create(http, "test-server-slow-v0")  # other episodes are unaffected
     http.post(f"/episodes/{other}/reset", json={})
-    assert http.post(f"/episodes/{other}/step", json={"action": {"role": "assistant", "content": "stop"}}).json()[
-        "reward"] == 1.0
+    assert (
+        http.post(
+            f"/episodes/{other}/step", json={"action": {"role": "assistant", "content": "stop"}}
+        ).json()["reward"]
+        == 1.0
+    )
 
 
 def test_ttl_reaping_and_live_episode_cap() -> None:
@@ -280,9 +372,12 @@ def test_remote_env_typed_errors_and_no_unsafe_retry(url: str) -> None:
 def test_cap_holds_under_concurrent_creates() -> None:
     config = ServerConfig(env_ids=["countdown-v0"], max_episodes=5)
     with ServerThread(config) as url:
+
         async def main() -> list[int]:
             async with httpx.AsyncClient(base_url=url, timeout=10) as c:
-                rs = await asyncio.gather(*(c.post("/episodes", json={"env_id": "countdown-v0"}) for _ in range(20)))
+                rs = await asyncio.gather(
+                    *(c.post("/episodes", json={"env_id": "countdown-v0"}) for _ in range(20))
+                )
                 return [r.status_code for r in rs]
 
         codes = asyncio.run(main())
@@ -291,16 +386,22 @@ def test_cap_holds_under_concurrent_creates() -> None:
 
 
 def test_remote_env_passes_check_env_and_oracle_is_opt_in(url: str) -> None:
-    assert httpx.post(url + "/episodes/x/oracle").status_code == 404  # not served by default: it leaks answers
+    assert (
+        httpx.post(url + "/episodes/x/oracle").status_code == 404
+    )  # not served by default: it leaks answers
     plain = RemoteEnv(url, "calculator-v0")
     plain.reset(seed=0)
-    with pytest.raises(NotImplementedError, match="does not serve oracle actions; start it with agentrl serve-env "
-                                                  "--expose-oracle"):
+    with pytest.raises(
+        NotImplementedError,
+        match="does not serve oracle actions; start it with agentrl serve-env --expose-oracle",
+    ):
         plain.oracle_action()
     plain.close()
     with ServerThread(ServerConfig(env_ids=["calculator-v0"], expose_oracle=True)) as oracle_url:
         report = check_env(lambda: RemoteEnv(oracle_url, "calculator-v0"))
-        assert {"oracle", "determinism", "bad-tool-call", "independence", "async", "close"} <= set(report.passed)
+        assert {"oracle", "determinism", "bad-tool-call", "independence", "async", "close"} <= set(
+            report.passed
+        )
         assert httpx.get(oracle_url + "/health").json()["live_episodes"] == 0  # check_env closed them all
 
 

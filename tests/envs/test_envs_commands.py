@@ -28,16 +28,19 @@ def test_envs_lists_shipped_envs(capsys: pytest.CaptureFixture[str]) -> None:
 def test_check_env_one_all_and_unknown(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-env", "countdown"]) == 0
     assert capsys.readouterr().out == (
-        "ok   countdown-v0: 11 checks passed; skipped bad-tool-call (the env has no tools)\n")
+        "ok   countdown-v0: 11 checks passed; skipped bad-tool-call (the env has no tools)\n"
+    )
     assert main(["check-env", "all"]) == 0
     assert "ok   calculator-v0: 12 checks passed\n" in capsys.readouterr().out
     assert main(["check-env", "countdwn"]) == 1
     assert capsys.readouterr().err == (
-        "agentrl check-env: error: unknown env 'countdwn'; did you mean 'countdown'? (agentrl envs lists all)\n")
+        "agentrl check-env: error: unknown env 'countdwn'; did you mean 'countdown'? (agentrl envs lists all)\n"
+    )
 
 
-def test_check_env_reports_a_broken_env(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_env_reports_a_broken_env(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "broken_env_mod.py").write_text(
         "from agentrl.envs import Env, StepResult, register\n"
         "from agentrl.types import Message\n"
@@ -53,8 +56,10 @@ def test_check_env_reports_a_broken_env(capsys: pytest.CaptureFixture[str], tmp_
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["check-env", "--import", "broken_env_mod", "broken-cli-v0"]) == 1
     captured = capsys.readouterr()
-    assert captured.out == ("FAIL broken-cli-v0: check_env(broken-cli-v0): oracle: the oracle episode returned 0.0, "
-                            "not the maximum 1.0; fix oracle_action() or the reward, or lower reward_range[1]\n")
+    assert captured.out == (
+        "FAIL broken-cli-v0: check_env(broken-cli-v0): oracle: the oracle episode returned 0.0, "
+        "not the maximum 1.0; fix oracle_action() or the reward, or lower reward_range[1]\n"
+    )
     assert captured.err == "1 of 1 env(s) failed the check\n"
 
 
@@ -67,15 +72,34 @@ def test_serve_env_rejects_unknown_env_before_serving(capsys: pytest.CaptureFixt
 
 def test_example_env_checked_served_and_driven_over_raw_http() -> None:
     env = {**os.environ, "PYTHONPATH": f"{EXAMPLES}{os.pathsep}{ROOT}"}
-    check = subprocess.run([sys.executable, "-m", "agentrl.cli", "check-env", "--import", "reverse_env",
-                            "reverse-v0"], env=env, capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "check-env", "--import", "reverse_env", "reverse-v0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0 and check.stdout.startswith("ok   reverse-v0: 11 checks passed"), check
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve-env", "--import", "reverse_env",
-                               "--env", "reverse-v0", "--port", str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "serve-env",
+            "--import",
+            "reverse_env",
+            "--env",
+            "reverse-v0",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -87,8 +111,12 @@ def test_example_env_checked_served_and_driven_over_raw_http() -> None:
                 pass
             assert server.poll() is None and time.monotonic() < deadline, "serve-env did not come up"
             time.sleep(0.1)
-        drive = subprocess.run([sys.executable, str(EXAMPLES / "drive_env_over_http.py"), url, "reverse-v0"],
-                               capture_output=True, text=True, timeout=60)
+        drive = subprocess.run(
+            [sys.executable, str(EXAMPLES / "drive_env_over_http.py"), url, "reverse-v0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert drive.returncode == 0, drive
         assert "reward: 1.0 terminated: True" in drive.stdout
     finally:

@@ -14,8 +14,12 @@ def say(text: str) -> Message:
 
 
 def taxi() -> GymnasiumTextEnv:
-    return GymnasiumTextEnv("Taxi-v4", action_names=["south", "north", "east", "west", "pickup", "dropoff"],
-                            instructions="Drive the taxi.", max_turns=5)
+    return GymnasiumTextEnv(
+        "Taxi-v4",
+        action_names=["south", "north", "east", "west", "pickup", "dropoff"],
+        instructions="Drive the taxi.",
+        max_turns=5,
+    )
 
 
 def test_actions_by_name_tag_or_index_and_rendering() -> None:
@@ -33,8 +37,13 @@ def test_invalid_action_is_feedback_not_a_crash() -> None:
     env = taxi()
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(say("<action>fly</action>"))
-    assert obs == [Message(role="user", content="Invalid action 'fly'. Reply with exactly one of: south, north, "
-                                                 "east, west, pickup, dropoff, e.g. <action>south</action>.")]
+    assert obs == [
+        Message(
+            role="user",
+            content="Invalid action 'fly'. Reply with exactly one of: south, north, "
+            "east, west, pickup, dropoff, e.g. <action>south</action>.",
+        )
+    ]
     assert (reward, terminated, truncated, info["invalid_actions"]) == (0.0, False, False, 1)
     env.step(say("99"))
     for _ in range(3):
@@ -56,8 +65,11 @@ def test_non_discrete_action_space_is_rejected() -> None:
 
 
 def test_env_without_oracle_fails_the_checker_with_its_reason() -> None:
-    with pytest.raises(AssertionError, match=r"oracle: oracle_action\(\) at turn 1 raised NotImplementedError: "
-                                             r"GymnasiumTextEnv was built without an oracle"):
+    with pytest.raises(
+        AssertionError,
+        match=r"oracle: oracle_action\(\) at turn 1 raised NotImplementedError: "
+        r"GymnasiumTextEnv was built without an oracle",
+    ):
         check_env(lambda: GymnasiumTextEnv("CliffWalking-v1"))
 
 

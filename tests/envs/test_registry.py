@@ -52,8 +52,11 @@ def test_versions_defaults_and_overrides() -> None:
 def test_reregistering_the_same_spec_is_a_noop_and_a_clash_is_an_error() -> None:
     register("regtest-same-v0", Const)
     register("regtest-same-v0", Const)
-    with pytest.raises(RegistrationError, match=r"env id 'regtest-same-v0' is already registered .*"
-                                                r"bump the version or pass override=True"):
+    with pytest.raises(
+        RegistrationError,
+        match=r"env id 'regtest-same-v0' is already registered .*"
+        r"bump the version or pass override=True",
+    ):
         register("regtest-same-v0", Const, value=2.0)
     register("regtest-same-v0", Const, value=2.0, override=True)
     assert make("regtest-same-v0").value == 2.0
@@ -66,11 +69,16 @@ def test_unversioned_or_malformed_ids_are_rejected(bad: str) -> None:
 
 
 def test_bad_entry_points() -> None:
-    with pytest.raises(RegistrationError, match="entry_point must be an Env class, a factory, or 'module:attr'"):
+    with pytest.raises(
+        RegistrationError, match="entry_point must be an Env class, a factory, or 'module:attr'"
+    ):
         register("regtest-bad-v0", "no_colon_here")
     register("regtest-missing-v0", "no_such_module_xyz:Env")
-    with pytest.raises(RegistrationError, match=r"cannot load entry point 'no_such_module_xyz:Env': "
-                                                r"ModuleNotFoundError"):
+    with pytest.raises(
+        RegistrationError,
+        match=r"cannot load entry point 'no_such_module_xyz:Env': "
+        r"ModuleNotFoundError",
+    ):
         make("regtest-missing-v0")
     register("regtest-notenv-v0", lambda: object())
     with pytest.raises(RegistrationError, match="returned object, not an agentrl.envs.Env"):
@@ -82,7 +90,10 @@ def test_bad_entry_points() -> None:
     [
         ("countdwn", "unknown env 'countdwn'; did you mean 'countdown'? (agentrl envs lists all)"),
         ("countdown-v7", "unknown env 'countdown-v7'; did you mean 'countdown-v0'? (agentrl envs lists all)"),
-        ("gues-number-v0", "unknown env 'gues-number-v0'; did you mean 'guess-number-v0'? (agentrl envs lists all)"),
+        (
+            "gues-number-v0",
+            "unknown env 'gues-number-v0'; did you mean 'guess-number-v0'? (agentrl envs lists all)",
+        ),
         ("zzzzzz", "unknown env 'zzzzzz'; no similar id is registered (agentrl envs lists all)"),
     ],
 )

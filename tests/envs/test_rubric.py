@@ -17,7 +17,10 @@ def short(completion: str) -> float:
 
 def test_weighted_sum_and_components() -> None:
     rubric = Rubric([(correct, 1.0), (short, 0.25)])
-    assert rubric.score(completion="42", answer="42", task={"unused": 1}) == (1.25, {"correct": 1.0, "short": 1.0})
+    assert rubric.score(completion="42", answer="42", task={"unused": 1}) == (
+        1.25,
+        {"correct": 1.0, "short": 1.0},
+    )
     assert rubric.score(completion="forty-two", answer="42") == (0.0, {"correct": 0.0, "short": 0.0})
     assert rubric.bounds == (0.0, 1.25)
 

@@ -79,7 +79,11 @@ def test_schema_from_signature_types_defaults_and_docstring() -> None:
         "additionalProperties": False,
     }
     pick = specs["pick"].parameters
-    assert pick["properties"]["mode"] == {"enum": ["fast", "slow"], "type": "string", "description": "how to run"}
+    assert pick["properties"]["mode"] == {
+        "enum": ["fast", "slow"],
+        "type": "string",
+        "description": "how to run",
+    }
     assert pick["properties"]["tags"] == {"items": {"type": "string"}, "type": "array"}
     assert pick["properties"]["where"] == {"$ref": "#/$defs/Point"}
     assert pick["$defs"]["Point"]["required"] == ["x", "y"]
@@ -93,8 +97,13 @@ def test_good_call_runs_and_answer_terminates() -> None:
     env = Calc()
     env.reset(seed=0)
     obs, reward, terminated, _, info = env.step(
-        Message(role="assistant", tool_calls=[call("add", {"a": 2, "b": 3}), call("pick", {
-            "mode": "fast", "tags": ["a", "b"], "where": {"x": 1, "y": 2}}, id="c2")])
+        Message(
+            role="assistant",
+            tool_calls=[
+                call("add", {"a": 2, "b": 3}),
+                call("pick", {"mode": "fast", "tags": ["a", "b"], "where": {"x": 1, "y": 2}}, id="c2"),
+            ],
+        )
     )
     assert [(m.role, m.tool_call_id, m.name, m.content) for m in obs] == [
         ("tool", "c1", "add", "5.0"),
@@ -102,20 +111,33 @@ def test_good_call_runs_and_answer_terminates() -> None:
     ]
     assert (reward, terminated, info["tool_calls"], info["tool_errors"]) == (0.0, False, 2, 0)
     result = env.step(Message(role="assistant", content="5"))
-    assert result == StepResult([], 1.0, True, False,
-                                {"answered": "5", "tool_calls": 2, "tool_errors": 0, "turn": 2})
+    assert result == StepResult(
+        [], 1.0, True, False, {"answered": "5", "tool_calls": 2, "tool_errors": 0, "turn": 2}
+    )
 
 
 @pytest.mark.parametrize(
     ("tool_call", "expected"),
     [
         (call("nope", {}), "error: unknown tool 'nope'; available tools: add, fail, pick"),
-        (call("add", "{not json"), "error: arguments are not valid JSON (Expecting property name enclosed in double quotes at char 1)"),
+        (
+            call("add", "{not json"),
+            "error: arguments are not valid JSON (Expecting property name enclosed in double quotes at char 1)",
+        ),
         (call("add", "[1, 2]"), "error: arguments must be a JSON object, got list"),
         (call("add", {"b": 2}), "error: invalid arguments: a: Field required (got {'b': 2})"),
-        (call("add", {"a": "two"}), "error: invalid arguments: a: Input should be a valid integer, unable to parse string as an integer (got 'two')"),
-        (call("add", {"a": 1, "c": 3}), "error: invalid arguments: c: Extra inputs are not permitted (got 3)"),
-        (call("pick", {"mode": "medium", "tags": [], "where": {"x": 1, "y": 1}}), "error: invalid arguments: mode: Input should be 'fast' or 'slow' (got 'medium')"),
+        (
+            call("add", {"a": "two"}),
+            "error: invalid arguments: a: Input should be a valid integer, unable to parse string as an integer (got 'two')",
+        ),
+        (
+            call("add", {"a": 1, "c": 3}),
+            "error: invalid arguments: c: Extra inputs are not permitted (got 3)",
+        ),
+        (
+            call("pick", {"mode": "medium", "tags": [], "where": {"x": 1, "y": 1}}),
+            "error: invalid arguments: mode: Input should be 'fast' or 'slow' (got 'medium')",
+        ),
         (call("fail", {"flag": True}), "error: flag must be false"),
         (call("fail", {"flag": False}), "error: tool 'fail' raised ZeroDivisionError: division by zero"),
     ],
@@ -166,7 +188,8 @@ def test_a_tool_can_end_the_episode_with_a_reward() -> None:
     env = Submit()
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(
-        Message(role="assistant", tool_calls=[call("submit", {"value": 7})]))
+        Message(role="assistant", tool_calls=[call("submit", {"value": 7})])
+    )
     assert [m.content for m in obs] == ["submitted"]
     assert (reward, terminated, info["submitted"]) == (1.0, True, 7)
     env.reset(seed=0)  # finish() does not leak into the next episode

@@ -15,8 +15,9 @@ def test_results_exceptions_and_abandoned_calls() -> None:
     async def main() -> None:
         workers = EnvWorkers(asyncio.get_running_loop(), 4)
         try:
-            names = await asyncio.gather(*(workers.submit(lambda: threading.current_thread().name)
-                                           for _ in range(200)))
+            names = await asyncio.gather(
+                *(workers.submit(lambda: threading.current_thread().name) for _ in range(200))
+            )
             assert all(n.startswith("agentrl-env-") for n in names)  # never the event loop's thread
             assert await workers.submit(lambda a, b=0: a + b, 2, b=3) == 5
             with pytest.raises(ZeroDivisionError):

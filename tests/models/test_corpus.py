@@ -22,7 +22,9 @@ def test_corpus_word_problems_and_tool_descriptions_are_the_calculator_envs() ->
 
 def _rendered_literals(family: str) -> str:
     """The template's string literals joined (a sentence may be split over several ``{{- "..." }}``)."""
-    literals = re.findall(r"""\{\{-?\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*-?\}\}""", chat_template(family))
+    literals = re.findall(
+        r"""\{\{-?\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')\s*-?\}\}""", chat_template(family)
+    )
     return "".join(lit[1:-1] for lit in literals).encode().decode("unicode_escape")
 
 

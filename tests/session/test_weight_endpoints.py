@@ -48,7 +48,9 @@ def _version(url: str) -> int:
 
 def _greedy_logprobs(url: str) -> list[float]:
     sid = httpx.post(f"{url}/sessions", timeout=10).json()["id"]
-    r = httpx.post(f"{url}/sessions/{sid}/v1/chat/completions", json={"messages": MESSAGES, **GREEDY}, timeout=60)
+    r = httpx.post(
+        f"{url}/sessions/{sid}/v1/chat/completions", json={"messages": MESSAGES, **GREEDY}, timeout=60
+    )
     assert r.status_code == 200, r.text
     httpx.delete(f"{url}/sessions/{sid}", timeout=10)
     return [t["logprob"] for t in r.json()["choices"][0]["logprobs"]["content"]]
@@ -106,8 +108,13 @@ def test_broadcast_sync_reaches_the_session_servers_engine(served: tuple[str, HF
         ("/update_weights_from_disk", [1, 2], "must be a JSON object"),
         (
             "/init_weights_update_group",
-            {"master_address": "127.0.0.1", "master_port": "abc", "rank_offset": 1, "world_size": 2,
-             "backend": "gloo"},
+            {
+                "master_address": "127.0.0.1",
+                "master_port": "abc",
+                "rank_offset": 1,
+                "world_size": 2,
+                "backend": "gloo",
+            },
             "abc",
         ),  # fmt: skip
         (
@@ -115,8 +122,11 @@ def test_broadcast_sync_reaches_the_session_servers_engine(served: tuple[str, HF
             {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2},
             "nccl",
         ),  # fmt: skip
-        ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]},
-         "no weight update group"),  # fmt: skip
+        (
+            "/update_weights_from_distributed",
+            {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]},
+            "no weight update group",
+        ),  # fmt: skip
         ("/destroy_weights_update_group", {"group_name": "nope"}, "no weight update group"),
     ],
 )

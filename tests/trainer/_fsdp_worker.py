@@ -22,7 +22,10 @@ def main(out: str) -> None:
     batch.old_logp = torch.load(out + ".old.pt")
     mine = batch.select(list(range(rank, len(batch), world)))
     be = FSDP2Backend(
-        model, AlgoConfig(), OptimConfig(micro_batch_tokens=40), shard="always",
+        model,
+        AlgoConfig(),
+        OptimConfig(micro_batch_tokens=40),
+        shard="always",
         optimizer_factory=lambda ps: torch.optim.SGD(ps, lr=0.5),
     )
     stats = be.train_step(mine)

@@ -107,8 +107,13 @@ def test_ppo_clip_higher_dual_clip_and_aggregation(agg):
     adv = torch.randn(B, 1, dtype=torch.float64).expand(B, T)
     mask = (torch.rand(B, T) > 0.25).long()
     mask[:, 0] = 1
-    out = L.policy_loss(logp, old, adv, mask, kind="ppo", clip_low=0.2, clip_high=0.28, dual_clip=3.0, agg=agg)
-    per = [[_ref_ppo(logp[b, t].item(), old[b, t].item(), adv[b, t].item(), 0.2, 0.28, 3.0) for t in range(T)] for b in range(B)]
+    out = L.policy_loss(
+        logp, old, adv, mask, kind="ppo", clip_low=0.2, clip_high=0.28, dual_clip=3.0, agg=agg
+    )
+    per = [
+        [_ref_ppo(logp[b, t].item(), old[b, t].item(), adv[b, t].item(), 0.2, 0.28, 3.0) for t in range(T)]
+        for b in range(B)
+    ]
     tok = [(b, t) for b in range(B) for t in range(T) if mask[b, t]]
     if agg == "token-mean":
         exp = sum(per[b][t] for b, t in tok) / len(tok)
@@ -136,7 +141,9 @@ def test_gspo_uses_sequence_ratio():
     adv = torch.randn(B, 1, dtype=torch.float64).expand(B, T)
     mask = torch.ones(B, T, dtype=torch.long)
     mask[0, 3:] = 0
-    out = L.policy_loss(logp, old, adv, mask, kind="gspo", clip_low=0.1, clip_high=0.1, agg="seq-mean-token-mean")
+    out = L.policy_loss(
+        logp, old, adv, mask, kind="gspo", clip_low=0.1, clip_high=0.1, agg="seq-mean-token-mean"
+    )
     exp = 0.0
     for b in range(B):
         ts = [t for t in range(T) if mask[b, t]]
@@ -205,7 +212,9 @@ def test_micro_batch_denominators_add_up_to_full_batch():
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
         full = L.aggregate(per, mask, mode)
         parts = sum(
-            L.aggregate(per[i : i + 2], mask[i : i + 2], mode, num_tokens=float(mask.sum()), num_seqs=float(B))
+            L.aggregate(
+                per[i : i + 2], mask[i : i + 2], mode, num_tokens=float(mask.sum()), num_seqs=float(B)
+            )
             for i in range(0, B, 2)
         )
         assert parts.item() == pytest.approx(full.item(), rel=1e-5)

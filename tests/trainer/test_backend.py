@@ -71,7 +71,9 @@ def test_lm_head_on_the_trained_window_gives_the_full_update(entropy_coef):
     results = []
     for window in (True, False):
         model = tiny_model()
-        be = FSDP2Backend(model, AlgoConfig(entropy_coef=entropy_coef), OptimConfig(), optimizer_factory=_sgd(0.5))
+        be = FSDP2Backend(
+            model, AlgoConfig(entropy_coef=entropy_coef), OptimConfig(), optimizer_factory=_sgd(0.5)
+        )
         assert be._logits_to_keep
         be._logits_to_keep = window
         batch = _with_current_logp(be, fixed_batch())
@@ -91,7 +93,12 @@ def test_micro_batches_give_the_full_batch_update(agg):
     results = []
     for budget in (10_000, 40):
         model = tiny_model()
-        be = FSDP2Backend(model, AlgoConfig(loss_agg=agg), OptimConfig(micro_batch_tokens=budget), optimizer_factory=_sgd(0.5))
+        be = FSDP2Backend(
+            model,
+            AlgoConfig(loss_agg=agg),
+            OptimConfig(micro_batch_tokens=budget),
+            optimizer_factory=_sgd(0.5),
+        )
         be.train_step(_with_current_logp(be, fixed_batch()))
         results.append(model.state_dict())
     for k in results[0]:
@@ -100,7 +107,9 @@ def test_micro_batches_give_the_full_batch_update(agg):
 
 def test_fsdp2_two_processes_match_one(tmp_path):
     ref_model = tiny_model()
-    ref = FSDP2Backend(ref_model, AlgoConfig(), OptimConfig(micro_batch_tokens=40), optimizer_factory=_sgd(0.5))
+    ref = FSDP2Backend(
+        ref_model, AlgoConfig(), OptimConfig(micro_batch_tokens=40), optimizer_factory=_sgd(0.5)
+    )
     batch = _with_current_logp(ref, fixed_batch())
     out = str(tmp_path / "w.safetensors")
     torch.save(batch.old_logp, out + ".old.pt")
@@ -108,9 +117,21 @@ def test_fsdp2_two_processes_match_one(tmp_path):
     stats1 = ref.train_step(batch)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1])}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-         str(HERE / "_fsdp_worker.py"), out],
-        env=env, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(_free_port()),
+            str(HERE / "_fsdp_worker.py"),
+            out,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = load_file(out)

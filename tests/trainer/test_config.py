@@ -29,7 +29,7 @@ def test_every_field_has_a_flag_and_help():
 
 def test_flags_override_toml_override_defaults(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('[rollout]\ngroup_size = 4\nenv_kwargs = { max_number = 9 }\n[optim]\nlr = 0.01\n')
+    path.write_text("[rollout]\ngroup_size = 4\nenv_kwargs = { max_number = 9 }\n[optim]\nlr = 0.01\n")
     p = argparse.ArgumentParser()
     C.add_cli_flags(p)
     cfg = C.resolve(p.parse_args(["--config", str(path), "--lr", "0.5", "--no-tensorboard"]))
@@ -59,7 +59,10 @@ def test_unknown_toml_key_is_named_with_suggestion(tmp_path):
     ("overrides", "match"),
     [
         ({"group_size": 1}, r"rollout\.group_size=1: grpo needs a group of at least 2"),
-        ({"num_minibatches": 3}, r"algo\.num_minibatches=3: .*16\*8 = 128 episodes does not split"),  # the countdown preset
+        (
+            {"num_minibatches": 3},
+            r"algo\.num_minibatches=3: .*16\*8 = 128 episodes does not split",
+        ),  # the countdown preset
         ({"lr": -1.0}, r"optim\.lr=-1\.0"),
         ({"dual_clip": 0.5}, r"algo\.dual_clip=0\.5"),
         ({"advantage": "gae"}, r"algo\.advantage='gae': GAE needs a critic"),

@@ -12,8 +12,16 @@ from agentrl.trainer.loop import train
 from agentrl.trainer.metrics import read_jsonl
 
 FAST = {
-    "model": "tiny-qwen3", "group_size": 2, "tasks_per_step": 2, "max_new_tokens": 6, "eval_episodes": 4,
-    "sft_steps": 3, "sft_batch_size": 4, "eval_every": 0, "progress": False, "tensorboard": False,
+    "model": "tiny-qwen3",
+    "group_size": 2,
+    "tasks_per_step": 2,
+    "max_new_tokens": 6,
+    "eval_episodes": 4,
+    "sft_steps": 3,
+    "sft_batch_size": 4,
+    "eval_every": 0,
+    "progress": False,
+    "tensorboard": False,
 }
 
 
@@ -31,7 +39,10 @@ def test_train_writes_run_dir_and_resume_reproduces_metrics(tmp_path):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(full.final_model)  # a plain HF directory
-    train(resolve(**FAST, steps=4, resume=str(a / "checkpoints" / "step-2"), run_dir=str(tmp_path / "b")), console=_quiet())
+    train(
+        resolve(**FAST, steps=4, resume=str(a / "checkpoints" / "step-2"), run_dir=str(tmp_path / "b")),
+        console=_quiet(),
+    )
     rows_a = {r["step"]: r for r in read_jsonl(a / "metrics.jsonl") if r["kind"] == "train"}
     rows_b = {r["step"]: r for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if r["kind"] == "train"}
     assert sorted(rows_b) == [3, 4]
@@ -54,8 +65,14 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
         (["train", "--group-size", "1"], "rollout.group_size=1"),
         (["train", "--num-minibatches", "3"], "algo.num_minibatches=3"),
         (["train", "--env", "nope"], "nope"),
-        (["train", "--env", "calculator", "--env-kwargs", '{"oracle_tool_rate": "x"}'], "rollout.env_kwargs="),
-        (["train", "--env", "calculator", "--env-kwargs", '{"nope": 1}'], "unexpected keyword argument 'nope'"),
+        (
+            ["train", "--env", "calculator", "--env-kwargs", '{"oracle_tool_rate": "x"}'],
+            "rollout.env_kwargs=",
+        ),
+        (
+            ["train", "--env", "calculator", "--env-kwargs", '{"nope": 1}'],
+            "unexpected keyword argument 'nope'",
+        ),
     ],
 )
 def test_bad_config_fails_fast_naming_the_field(args, needle, tmp_path, capsys):
@@ -73,7 +90,9 @@ def test_unknown_toml_key_fails(tmp_path, capsys):
 
 def test_eval_command_on_a_checkpoint(tmp_path, capsys):
     s = train(resolve(**FAST, steps=1, run_dir=str(tmp_path / "a")), console=_quiet())
-    rc, out, err = _cli(capsys, "eval", "--model", s.final_model, "--eval-episodes", "3", "--max-new-tokens", "4")
+    rc, out, err = _cli(
+        capsys, "eval", "--model", s.final_model, "--eval-episodes", "3", "--max-new-tokens", "4"
+    )
     assert rc == 0, err
     assert "3 held-out seeds" in out and "reward" in out
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 1
@@ -81,8 +100,22 @@ def test_eval_command_on_a_checkpoint(tmp_path, capsys):
 
 def test_sft_command_saves_an_hf_model(tmp_path, capsys):
     rc, out, err = _cli(
-        capsys, "sft", "--model", "tiny-qwen3", "--sft-steps", "3", "--sft-batch-size", "4", "--eval-episodes", "2",
-        "--max-new-tokens", "4", "--run-dir", str(tmp_path), "--no-progress", "--no-tensorboard",
+        capsys,
+        "sft",
+        "--model",
+        "tiny-qwen3",
+        "--sft-steps",
+        "3",
+        "--sft-batch-size",
+        "4",
+        "--eval-episodes",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--run-dir",
+        str(tmp_path),
+        "--no-progress",
+        "--no-tensorboard",
     )
     assert rc == 0, err
     assert "oracle episodes of 'countdown'" in out

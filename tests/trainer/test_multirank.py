@@ -34,16 +34,51 @@ def _free_port() -> int:
 def warm_model(tmp_path_factory) -> Path:
     """A countdown model after a short warm start: some episodes solve, some do not."""
     run = tmp_path_factory.mktemp("sft")
-    args = ["sft", "--env", "countdown", "--sft-steps", "40", "--eval-episodes", "4", "--run-dir", str(run),
-            "--no-progress", "--no-tensorboard"]
+    args = [
+        "sft",
+        "--env",
+        "countdown",
+        "--sft-steps",
+        "40",
+        "--eval-episodes",
+        "4",
+        "--run-dir",
+        str(run),
+        "--no-progress",
+        "--no-tensorboard",
+    ]
     assert main(args) == 0
     return run / "model"
 
 
 def _args(model: Path, run_dir: Path) -> list[str]:
-    return ["train", "--env", "countdown", "--model", str(model), "--sft-steps", "0", "--steps", "1",
-            "--tasks-per-step", "4", "--group-size", "4", "--eval-episodes", "8", "--eval-every", "0",
-            "--lr", "1e-3", "--threads", "2", "--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"]
+    return [
+        "train",
+        "--env",
+        "countdown",
+        "--model",
+        str(model),
+        "--sft-steps",
+        "0",
+        "--steps",
+        "1",
+        "--tasks-per-step",
+        "4",
+        "--group-size",
+        "4",
+        "--eval-episodes",
+        "8",
+        "--eval-every",
+        "0",
+        "--lr",
+        "1e-3",
+        "--threads",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+        "--no-tensorboard",
+    ]
 
 
 def test_two_ranks_train_like_one_process(warm_model, tmp_path):
@@ -51,9 +86,22 @@ def test_two_ranks_train_like_one_process(warm_model, tmp_path):
     assert main(_args(warm_model, one)) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-         "-m", "agentrl.cli", *_args(warm_model, two)],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(_free_port()),
+            "-m",
+            "agentrl.cli",
+            *_args(warm_model, two),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "(2 ranks)" in proc.stdout
@@ -63,8 +111,14 @@ def test_two_ranks_train_like_one_process(warm_model, tmp_path):
     t1 = next(r for r in rows1 if r["kind"] == "train")
     t2 = next(r for r in rows2 if r["kind"] == "train")
     assert t1["algo/zero_adv_frac"] < 1.0, "the warm-started model should give some groups a learning signal"
-    for key in ("rollout/reward", "rollout/completion_tokens", "rollout/groups", "rollout/episodes_ok",
-                "train/samples", "train/tokens"):
+    for key in (
+        "rollout/reward",
+        "rollout/completion_tokens",
+        "rollout/groups",
+        "rollout/episodes_ok",
+        "train/samples",
+        "train/tokens",
+    ):
         assert t2[key] == t1[key], key  # the same episodes, gathered from both ranks
     assert t2["train/loss"] == pytest.approx(t1["train/loss"], rel=1e-4, abs=1e-6)
     assert t2["train/grad_norm"] == pytest.approx(t1["train/grad_norm"], rel=1e-4)
@@ -89,8 +143,21 @@ def test_two_ranks_train_like_one_process(warm_model, tmp_path):
 def _train_as_rank_of(world: int, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """`agentrl train` as if torchrun had started it with ``world`` ranks (it stops at the config check)."""
     return subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--env", "countdown", *flags, "--run-dir", str(tmp_path)],
-        env={**os.environ, "WORLD_SIZE": str(world)}, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "train",
+            "--env",
+            "countdown",
+            *flags,
+            "--run-dir",
+            str(tmp_path),
+        ],
+        env={**os.environ, "WORLD_SIZE": str(world)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

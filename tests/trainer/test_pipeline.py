@@ -79,7 +79,9 @@ def test_a_stuck_rollout_hits_the_deadline_and_close_does_not_wait_for_it():
     release = threading.Event()
     ahead = RolloutAhead(lambda s: release.wait(30), first=0, end=3, max_staleness=1, timeout_s=0.2)
     t0 = time.perf_counter()
-    with pytest.raises(TrainerError, match=r"the rollout of step 0 did not finish within 0 s .*episode_timeout_s"):
+    with pytest.raises(
+        TrainerError, match=r"the rollout of step 0 did not finish within 0 s .*episode_timeout_s"
+    ):
         ahead.take(0)
     ahead.close()
     assert time.perf_counter() - t0 < 5
@@ -103,8 +105,18 @@ def test_steps_are_taken_in_order_and_k_zero_is_the_synchronous_loop():
 
 def test_async_training_trains_on_one_step_old_tokens_and_evaluates(tmp_path, slow_updates):
     cfg = resolve(
-        model="tiny-qwen3", group_size=2, tasks_per_step=2, max_new_tokens=6, eval_episodes=4, sft_steps=3,
-        sft_batch_size=4, eval_every=2, progress=False, tensorboard=False, steps=4, max_staleness=1,
+        model="tiny-qwen3",
+        group_size=2,
+        tasks_per_step=2,
+        max_new_tokens=6,
+        eval_episodes=4,
+        sft_steps=3,
+        sft_batch_size=4,
+        eval_every=2,
+        progress=False,
+        tensorboard=False,
+        steps=4,
+        max_staleness=1,
         run_dir=str(tmp_path),
     )
     s = train(cfg, console=Console(file=open("/dev/null", "w")))  # noqa: SIM115

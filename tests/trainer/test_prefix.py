@@ -18,7 +18,10 @@ from agentrl.trainer.prefix import plan_shared_prompts  # noqa: E402
 
 def _backend(share: bool, **algo: float) -> FSDP2Backend:
     return FSDP2Backend(
-        tiny_model(), AlgoConfig(**algo), OptimConfig(), share_prompts=share,
+        tiny_model(),
+        AlgoConfig(**algo),
+        OptimConfig(),
+        share_prompts=share,
         optimizer_factory=lambda ps: torch.optim.SGD(ps, lr=0.5),
     )
 
@@ -48,8 +51,8 @@ def test_shared_prompt_logprobs_match_the_plain_forward():
     plan = plan_shared_prompts(b.input_ids, b.attention_mask, b.loss_mask)
     assert plan is not None and be.share_prompts
     for r, (p, n) in enumerate(zip(plan.prefix_len.tolist(), b.lengths.tolist(), strict=True)):
-        assert bool((logp[r, :p] == 0).all()) and bool((logp[r, n - 1:] == 0).all())  # prompt and padding
-        assert bool((logp[r, p:n - 1] != 0).all())  # every token after the prompt is scored, trained or not
+        assert bool((logp[r, :p] == 0).all()) and bool((logp[r, n - 1 :] == 0).all())  # prompt and padding
+        assert bool((logp[r, p : n - 1] != 0).all())  # every token after the prompt is scored, trained or not
 
 
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.01])

@@ -54,7 +54,9 @@ def test_groups_of_trajectories_with_exact_tokens(sessions):
     assert res.metrics["rollout/episodes_ok"] == 6 and res.metrics["rollout/groups_dropped"] == 0
     # sampling is seeded per episode: the same call gives the same tokens
     again = rm.run([0, 1], group_size=3, temperature=1.0)
-    assert [e.trajectories[0].token_ids for e in again.episodes] == [e.trajectories[0].token_ids for e in res.episodes]
+    assert [e.trajectories[0].token_ids for e in again.episodes] == [
+        e.trajectories[0].token_ids for e in res.episodes
+    ]
 
 
 def test_infra_error_is_retried_on_a_fresh_env(sessions):

@@ -66,14 +66,22 @@ def _local_greedy(model: str) -> tuple[str | None, list[float]]:
         return asyncio.run(turn(SessionManager(load_tokenizer("tiny"), engine, model_name="tiny")))
 
 
-@pytest.mark.parametrize(("sync", "staleness"), [("disk", 0), ("broadcast", 0), ("disk", 1), ("broadcast", 1)])
+@pytest.mark.parametrize(
+    ("sync", "staleness"), [("disk", 0), ("broadcast", 0), ("disk", 1), ("broadcast", 1)]
+)
 def test_train_through_a_session_server(
     sync: str, staleness: int, server: tuple[str, SessionManager], tmp_path, slow_updates
 ) -> None:
     url, manager = server
     before = httpx.get(f"{url}/metrics", timeout=10).json()
-    cfg = resolve(**SMALL, steps=2, session_url=url, weight_sync=sync, max_staleness=staleness,
-                  run_dir=str(tmp_path / "run"))
+    cfg = resolve(
+        **SMALL,
+        steps=2,
+        session_url=url,
+        weight_sync=sync,
+        max_staleness=staleness,
+        run_dir=str(tmp_path / "run"),
+    )
     summary = train(cfg, console=_quiet())
     after = httpx.get(f"{url}/metrics", timeout=10).json()
 
@@ -86,7 +94,9 @@ def test_train_through_a_session_server(
     if sync == "disk":
         assert (tmp_path / "run" / "weights" / "v2" / "model.safetensors").exists()
     else:  # the run left its broadcast group, so the next run can join one of the same name
-        r = httpx.post(f"{url}/destroy_weights_update_group", json={"group_name": "agentrl_weight_sync"}, timeout=10)
+        r = httpx.post(
+            f"{url}/destroy_weights_update_group", json={"group_name": "agentrl_weight_sync"}, timeout=10
+        )
         assert r.status_code == 400 and "no weight update group" in r.json()["message"]
 
     # every episode of the run was a session on the server: 2 evals + the steps' groups
@@ -112,8 +122,17 @@ def test_inprocess_sync_with_a_session_url_is_a_config_error(capsys, tmp_path) -
         resolve(**SMALL, session_url="http://h:1", weight_sync="inprocess")
     from agentrl.cli import main
 
-    rc = main(["train", "--session-url", "http://127.0.0.1:9", "--weight-sync", "inprocess",
-               "--run-dir", str(tmp_path / "r")])
+    rc = main(
+        [
+            "train",
+            "--session-url",
+            "http://127.0.0.1:9",
+            "--weight-sync",
+            "inprocess",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "--weight-sync disk" in err and "broadcast" in err and "Traceback" not in err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
@@ -125,11 +144,15 @@ def test_unreachable_session_url_fails_fast_naming_it() -> None:
         port = s.getsockname()[1]  # nothing listens here once the socket closes
     url = f"http://127.0.0.1:{port}"
     cfg = resolve(**SMALL, session_url=url, weight_sync="disk")
-    with pytest.raises(ConfigError, match=rf"rollout.session_url='{url}'.*cannot reach the session server at {url}"):
+    with pytest.raises(
+        ConfigError, match=rf"rollout.session_url='{url}'.*cannot reach the session server at {url}"
+    ):
         build_runtime(cfg)
 
 
-def test_a_server_with_another_model_is_a_config_error_naming_both(server: tuple[str, SessionManager]) -> None:
+def test_a_server_with_another_model_is_a_config_error_naming_both(
+    server: tuple[str, SessionManager],
+) -> None:
     url, _ = server
     cfg = resolve(**{**SMALL, "model": "tiny-llama3"}, session_url=url, weight_sync="disk")
     with pytest.raises(ConfigError, match=r"serves model 'tiny'.*model.model='tiny-llama3'"):
@@ -149,7 +172,9 @@ def test_remote_sessions_raise_the_session_errors_the_rollout_classifies(
         sid = sessions.create()
         assert sid in sessions
         too_long = SamplingParams(temperature=0.0, max_new_tokens=1 << 20)
-        with pytest.raises(ContextLengthError, match="answered 422"):  # a model error: the episode keeps its reward
+        with pytest.raises(
+            ContextLengthError, match="answered 422"
+        ):  # a model error: the episode keeps its reward
             asyncio.run(sessions.chat_completion(sid, PROBE, None, too_long))
         with pytest.raises(SessionRequestError, match="stop_token_ids"):
             asyncio.run(sessions.chat_completion(sid, PROBE, None, SamplingParams(stop_token_ids=[1])))

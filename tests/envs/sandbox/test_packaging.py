@@ -13,19 +13,38 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_wheel_install_finds_the_executor_without_the_source_tree(tmp_path):
     wheels, site = tmp_path / "wheels", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(ROOT),
-                    "-w", str(wheels)], check=True, timeout=240, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            str(ROOT),
+            "-w",
+            str(wheels),
+        ],
+        check=True,
+        timeout=240,
+        capture_output=True,
+    )
     (wheel,) = wheels.glob("agentrl-*.whl")
     assert "agentrl/envs/sandbox/executor.py" in zipfile.ZipFile(wheel).namelist()
     with zipfile.ZipFile(wheel) as z:
         z.extractall(site)  # what pip install puts into site-packages
     env = {k: v for k, v in os.environ.items() if k != "AGENTRL_SANDBOX_EXECUTOR"}
     env["PYTHONPATH"] = str(site)
-    probe = ("import agentrl.envs.sandbox.base as b; "
-             "print(b.EXECUTOR_SOURCE); import sys; sys.stdout.flush(); assert b.executor_source()")
-    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120)
+    probe = (
+        "import agentrl.envs.sandbox.base as b; "
+        "print(b.EXECUTOR_SOURCE); import sys; sys.stdout.flush(); assert b.executor_source()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == str(site / "agentrl" / "envs" / "sandbox" / "executor.py")
     assert (site / "agentrl/envs/sandbox/executor.py").read_bytes() == (
-        ROOT / "agentrl/envs/sandbox/executor.py").read_bytes()
+        ROOT / "agentrl/envs/sandbox/executor.py"
+    ).read_bytes()
