@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from agentrl.errors import AgentRLError, ConfigError
+from agentrl.errors import AgentRLError, ConfigError, TrajectoryError
 from agentrl.types import (
     FunctionCall,
     FunctionSpec,
@@ -31,6 +31,7 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "Trajectory",
+    "TrajectoryError",
     "TurnSpan",
     "__version__",
 ]

@@ -6,6 +6,7 @@ branch in its ``errors.py``::
 
     AgentRLError
     ├── ConfigError              bad option, flag or config file (fail fast, before heavy work)
+    ├── TrajectoryError          (ValueError) an update to a Trajectory breaks its invariants
     ├── ModelError               (agentrl.models) unknown model name, corrupt cache, failed build
     ├── EnvError                 (agentrl.envs) registry, contract and env-server failures
     ├── SandboxError             (agentrl.envs.sandbox) backend unavailable, limits, bad input
@@ -13,12 +14,16 @@ branch in its ``errors.py``::
     ├── SessionError             (agentrl.session) template, divergence, unknown session
     └── TrainerError             (agentrl.trainer) rollout, backend, checkpoint failures
 
+Deliberate raises of bare builtins (``ValueError``, ``RuntimeError``, ...) are not allowed in
+``agentrl/``; a class here subclasses the builtin it replaces where callers may catch that
+(``tests/test_errors.py`` enforces both).
+
 Messages say what failed, the value seen, and how to fix it.
 """
 
 from __future__ import annotations
 
-__all__ = ["AgentRLError", "ConfigError"]
+__all__ = ["AgentRLError", "ConfigError", "TrajectoryError"]
 
 
 class AgentRLError(Exception):
@@ -27,3 +32,11 @@ class AgentRLError(Exception):
 
 class ConfigError(AgentRLError, ValueError):
     """An option, flag or config file is invalid; raised before any heavy work starts."""
+
+
+class TrajectoryError(AgentRLError, ValueError):
+    """``Trajectory.model_copy(update=...)`` produced a trajectory that breaks its invariants.
+
+    (A non-finite reward, an unknown status, misaligned per-token lists, an unknown field.)
+    Building a ``Trajectory`` directly raises pydantic's ``ValidationError`` as usual.
+    """

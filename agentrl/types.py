@@ -10,9 +10,12 @@ silently turns into a default.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agentrl.errors import TrajectoryError
 
 __all__ = [
     "FunctionCall",
@@ -134,6 +137,9 @@ class Trajectory(_Strict):
     (0.0 and -1 elsewhere). ``turn_spans`` are the sampled ranges, in order.
     ``status`` classifies a failure: a ``model_error`` keeps its reward (the model
     did something wrong), an ``infra_error`` must never be trained on as reward 0.
+
+    ``model_copy(update=...)`` re-validates (pydantic's skips validation), so a
+    trainer stamping a NaN reward or an unknown status gets a :class:`TrajectoryError`.
     """
 
     token_ids: list[int]
@@ -168,6 +174,24 @@ class Trajectory(_Strict):
         if self.status != "ok" and not self.error:
             raise ValueError(f"status={self.status!r} needs an error reason")
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied and every field and invariant validated again."""
+        if not update:
+            return super().model_copy(deep=deep)
+        try:
+            new = self.model_validate({**dict(self), **update})
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(map(str, err['loc'])) or 'trajectory'}: {err['msg']}"
+                for err in e.errors(include_url=False)
+            )
+            raise TrajectoryError(
+                f"Trajectory.model_copy(update=...) with fields {sorted(update)} gives an invalid "
+                f"trajectory ({problems}); fix the values the caller stamps"
+            ) from e
+        new.__pydantic_fields_set__ = self.model_fields_set | set(update)  # as pydantic's model_copy
+        return super(Trajectory, new).model_copy(deep=True) if deep else new
 
     @property
     def num_sampled(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from agentrl.errors import AgentRLError, TrajectoryError
 from agentrl.types import FunctionCall, Message, SamplingParams, ToolCall, ToolSpec, Trajectory, TurnSpan
 
 
@@ -96,3 +97,36 @@ def test_trajectory_invariants():
         _traj(turn_spans=[TurnSpan(start=2, end=9)])
     with pytest.raises(ValidationError, match="finite"):
         _traj(reward=float("nan"))
+
+
+def test_trajectory_update_keeps_valid_values_and_the_original():
+    t = _traj()
+    u = t.model_copy(update={"reward": -2.5, "group_id": "g7", "status": "model_error", "error": "bad call"})
+    assert (u.reward, u.group_id, u.status, u.error) == (-2.5, "g7", "model_error", "bad call")
+    assert u.token_ids == t.token_ids and u.turn_spans == t.turn_spans
+    assert (t.reward, t.group_id, t.status) == (1.0, "g0", "ok")
+    assert u.model_fields_set == t.model_fields_set | {"reward", "group_id", "status", "error"}
+    assert t.model_copy() == t and t.model_copy(update={}) == t
+    deep = t.model_copy(update={"reward": 0.5}, deep=True)
+    assert deep.reward == 0.5 and deep.token_ids == t.token_ids and deep.token_ids is not t.token_ids
+
+
+@pytest.mark.parametrize(
+    ("update", "match"),
+    [
+        ({"reward": float("nan")}, r"\['reward'\] .*trajectory: Value error, reward must be finite, got nan"),
+        ({"reward": float("inf")}, "reward must be finite, got inf"),
+        ({"reward": float("-inf")}, "reward must be finite, got -inf"),
+        ({"status": "crashed"}, r"status: Input should be 'ok', 'model_error' or 'infra_error'"),
+        ({"status": "infra_error"}, "needs an error reason"),
+        ({"token_ids": [1, 2]}, "loss_mask has 4 entries but token_ids has 2"),
+        ({"num_turns": "three"}, "num_turns: Input should be a valid integer"),
+        ({"rewrd": 1.0}, "rewrd: Extra inputs are not permitted"),
+    ],
+)
+def test_trajectory_update_is_validated(update, match):
+    """pydantic's model_copy skips validation; a trainer stamping a bad value must fail loudly."""
+    with pytest.raises(TrajectoryError, match=match) as info:
+        _traj().model_copy(update=update)
+    assert isinstance(info.value, AgentRLError) and isinstance(info.value, ValueError)
+    assert isinstance(info.value.__cause__, ValidationError)

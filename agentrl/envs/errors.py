@@ -6,6 +6,8 @@
     └── EnvError
         ├── UnknownEnvError (KeyError)       no env registered under that id (message has a did-you-mean)
         ├── RegistrationError (ValueError)   a bad id or entry point passed to ``register``
+        ├── EnvDefinitionError (ValueError)  an env is built from unusable parts (an empty ``Rubric``, a
+        │                                    Gymnasium env without a Discrete action space)
         ├── EnvContractError                 an env broke the contract at run time (bad return type, NaN reward)
         ├── ResetNeededError (RuntimeError)  ``step`` before ``reset``
         ├── EpisodeDoneError (RuntimeError)  ``step`` after the episode terminated or was truncated
@@ -14,6 +16,8 @@
         ├── EnvInfraError                    the env's own infrastructure failed (a sandbox died, a backing
         │                                    service is down): aborts the episode, never shown to the model
         ├── EnvCheckError (AssertionError)   ``check_env`` found a violation (message names check, cause, fix)
+        ├── EnvServerStartError (RuntimeError)
+        │                                    an in-process ``ServerThread`` did not start within 10 s
         └── RemoteEnvError                   the env server client failed
             ├── EnvConnectionError           could not connect / connection dropped (safe to retry a create)
             ├── EnvTimeoutError              connect or read deadline passed (client side)
@@ -34,9 +38,11 @@ __all__ = [
     "EnvCheckError",
     "EnvConnectionError",
     "EnvContractError",
+    "EnvDefinitionError",
     "EnvError",
     "EnvInfraError",
     "EnvServerError",
+    "EnvServerStartError",
     "EnvTimeoutError",
     "EpisodeDoneError",
     "EpisodeTimeoutError",
@@ -63,6 +69,11 @@ class UnknownEnvError(EnvError, KeyError):
 
 class RegistrationError(EnvError, ValueError):
     """``register`` got a malformed id, a clashing id or an unusable entry point."""
+
+
+class EnvDefinitionError(EnvError, ValueError):
+    """An environment is built from unusable parts: a ``Rubric`` without reward functions,
+    a Gymnasium env whose action space has no text form, action names that do not match it."""
 
 
 class EnvContractError(EnvError):
@@ -97,6 +108,10 @@ class ToolError(EnvError):
 
 class EnvCheckError(EnvError, AssertionError):
     """``check_env`` found a contract violation."""
+
+
+class EnvServerStartError(EnvError, RuntimeError):
+    """An in-process env server (``agentrl.envs.server.ServerThread``) did not start: its thread died or 10 s passed."""
 
 
 class RemoteEnvError(EnvError):

@@ -24,6 +24,7 @@ import gymnasium
 import numpy as np
 
 from agentrl.envs.core import Env, StepResult
+from agentrl.envs.errors import EnvDefinitionError
 from agentrl.types import Message
 
 __all__ = ["GymnasiumTextEnv"]
@@ -61,7 +62,7 @@ class GymnasiumTextEnv(Env):
         self.inner: gymnasium.Env[Any, Any] = env if isinstance(env, gymnasium.Env) else env(0)
         space = self.inner.action_space
         if not isinstance(space, gymnasium.spaces.Discrete):
-            raise ValueError(
+            raise EnvDefinitionError(
                 f"GymnasiumTextEnv needs a Discrete action space, got {space}; "
                 "continuous or composite actions have no single-token text form"
             )
@@ -69,7 +70,9 @@ class GymnasiumTextEnv(Env):
         self.start = int(space.start)
         names = action_names or [str(self.start + i) for i in range(self.n_actions)]
         if len(names) != self.n_actions:
-            raise ValueError(f"action_names has {len(names)} names for {self.n_actions} actions")
+            raise EnvDefinitionError(
+                f"action_names has {len(names)} names for {self.n_actions} actions; pass one name per action"
+            )
         self.action_names = list(names)
         self._render = render or (lambda obs, _env: str(obs))
         self.instructions = instructions

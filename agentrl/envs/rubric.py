@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl.envs.errors import EnvContractError
+from agentrl.envs.errors import EnvContractError, EnvDefinitionError
 
 __all__ = ["Rubric"]
 
@@ -34,7 +34,9 @@ class Rubric:
             names = None if any(p.kind is p.VAR_KEYWORD for p in params.values()) else set(params)
             self.funcs.append((getattr(fn, "__name__", repr(fn)), fn, float(weight), names))
         if not self.funcs:
-            raise ValueError("a Rubric needs at least one reward function")
+            raise EnvDefinitionError(
+                "a Rubric needs at least one reward function; pass Rubric([fn]) or Rubric([(fn, weight)])"
+            )
 
     @property
     def bounds(self) -> tuple[float, float]:

@@ -52,7 +52,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
 from agentrl.envs.core import Env, coerce_action
-from agentrl.envs.errors import InvalidActionError, UnknownEnvError
+from agentrl.envs.errors import EnvServerStartError, InvalidActionError, UnknownEnvError
 from agentrl.envs.registry import make, spec
 from agentrl.envs.server_config import ServerConfig
 from agentrl.envs.server_wire import (
@@ -637,7 +637,8 @@ class ServerThread:
         deadline = time.monotonic() + 10
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError(f"env server on {self.url} did not start within 10 s")
+                why = "did not start within 10 s" if self.thread.is_alive() else "exited before it started"
+                raise EnvServerStartError(f"env server on {self.url} {why}; see the server log on stderr")
             time.sleep(0.01)
         return self.url
 

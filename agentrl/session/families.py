@@ -34,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.errors import ConfigError
+
 __all__ = ["FAMILIES", "Family", "detect_family", "get_family"]
 
 
@@ -101,11 +103,11 @@ FAMILIES: dict[str, Family] = {
 
 
 def get_family(name: str) -> Family:
-    """The family called ``name``; raises ``ValueError`` naming the known ones."""
+    """The family called ``name``; raises ``ConfigError`` (a ``ValueError``) naming the known ones."""
     try:
         return FAMILIES[name]
     except KeyError:
-        raise ValueError(f"unknown chat-template family {name!r}; known: {sorted(FAMILIES)}") from None
+        raise ConfigError(f"unknown chat-template family {name!r}; known: {sorted(FAMILIES)}") from None
 
 
 def detect_family(tokenizer: Any, name_or_path: str | None = None) -> Family:

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from agentrl.errors import ConfigError
+from agentrl.trainer.errors import LossInputError
+
 __all__ = ["dr_grpo", "gae", "group_advantages", "grpo", "reinforce_pp", "rloo"]
 
 EPS = 1e-6
@@ -49,7 +52,10 @@ def dr_grpo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
 def rloo(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     mean, _, n = _group_stats(rewards, group_ids)
     if bool((n < 2).any()):
-        raise ValueError("RLOO needs at least 2 episodes in every group")
+        raise LossInputError(
+            f"RLOO needs at least 2 episodes in every group, got a group of {int(n.min())}; "
+            "raise group_size or use grpo"
+        )
     return (n / (n - 1) * (rewards.double() - mean)).to(rewards.dtype)
 
 
@@ -74,7 +80,7 @@ def group_advantages(kind: str, rewards: torch.Tensor, group_ids: torch.Tensor) 
         return rloo(rewards, group_ids)
     if kind == "reinforce_pp":
         return reinforce_pp(rewards, group_ids)
-    raise ValueError(f"unknown group advantage estimator {kind!r}; use grpo, dr_grpo, rloo or reinforce_pp")
+    raise ConfigError(f"unknown group advantage estimator {kind!r}; use grpo, dr_grpo, rloo or reinforce_pp")
 
 
 def gae(

@@ -7,6 +7,7 @@
     └── TrainerError               any trainer failure below
         ├── RolloutError           a group could not be completed (infra retries exhausted)
         ├── BackendError           the training backend failed (bad batch, distributed setup, deadline)
+        ├── LossInputError         (ValueError) a loss or advantage got inputs it cannot use (an RLOO group of 1)
         ├── WeightSyncError        pushing weights to the engine failed; the version was not bumped
         └── CheckpointError        a checkpoint is missing, incomplete or does not match the run
 
@@ -19,7 +20,14 @@ from __future__ import annotations
 
 from agentrl.errors import AgentRLError
 
-__all__ = ["BackendError", "CheckpointError", "RolloutError", "TrainerError", "WeightSyncError"]
+__all__ = [
+    "BackendError",
+    "CheckpointError",
+    "LossInputError",
+    "RolloutError",
+    "TrainerError",
+    "WeightSyncError",
+]
 
 
 class TrainerError(AgentRLError):
@@ -32,6 +40,10 @@ class RolloutError(TrainerError):
 
 class BackendError(TrainerError):
     """The training backend failed: a malformed batch, distributed setup, or a collective deadline."""
+
+
+class LossInputError(TrainerError, ValueError):
+    """A loss or advantage function got inputs it cannot use (e.g. an RLOO group with one episode)."""
 
 
 class WeightSyncError(TrainerError):

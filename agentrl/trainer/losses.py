@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrl.errors import ConfigError
+
 __all__ = [
     "LossOut",
     "aggregate",
@@ -65,7 +67,7 @@ def aggregate(
         return ((per_token * m).sum(-1) / seq_tok.clamp(min=1.0)).sum() / n_seq
     if mode == "seq-mean-token-sum":
         return (per_token * m).sum(-1).sum() / n_seq
-    raise ValueError(
+    raise ConfigError(
         f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum"
     )
 
@@ -116,7 +118,7 @@ def policy_loss(
         per_tok = -weight * advantages * logp
         clipped = (weight != ratio.detach()).to(logp.dtype)
     else:
-        raise ValueError(f"unknown policy loss {kind!r}; use ppo, gspo or cispo")
+        raise ConfigError(f"unknown policy loss {kind!r}; use ppo, gspo or cispo")
     loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
     with torch.no_grad():
         stats = {
@@ -137,7 +139,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     if estimator == "k3":
         neg = -log_r.clamp(-20, 20)
         return torch.exp(neg) - neg - 1
-    raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
+    raise ConfigError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

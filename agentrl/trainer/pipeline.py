@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from agentrl.errors import ConfigError
 from agentrl.trainer.errors import TrainerError
 from agentrl.trainer.rollout import RolloutResult
 
@@ -50,7 +51,7 @@ class RolloutAhead:
         timeout_s: float,
     ) -> None:
         if max_staleness < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"max_staleness={max_staleness}: RolloutAhead needs >= 1 (0 is the synchronous loop)"
             )
         self.produce, self.end, self.max_staleness, self.timeout_s = produce, end, max_staleness, timeout_s
