@@ -122,8 +122,8 @@ class RolloutConfig:
     """tasks (groups) per train step; the batch is tasks_per_step * group_size episodes"""
     max_new_tokens: int = 32
     """token budget of one assistant turn"""
-    max_turns: int = 4
-    """assistant turns per episode before it is truncated"""
+    max_turns: int | None = None
+    """assistant turns per episode before it is truncated; unset = the env's own max_turns (fewer cuts episodes shorter, more is an error)"""
     temperature: float = 1.0
     """sampling temperature for training rollouts (eval is greedy)"""
     max_infra_retries: int = 2
@@ -140,9 +140,11 @@ class RolloutConfig:
     """held-out seeds start here; training seeds count up from 0 and never reach it"""
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "tasks_per_step", "max_new_tokens", "max_turns", "eval_episodes"):
+        for name in ("group_size", "tasks_per_step", "max_new_tokens", "eval_episodes"):
             if getattr(self, name) < 1:
                 _fail("rollout", name, getattr(self, name), "must be >= 1")
+        if self.max_turns is not None and self.max_turns < 1:
+            _fail("rollout", "max_turns", self.max_turns, "must be >= 1 (or unset: the env's own max_turns)")
         if self.temperature < 0:
             _fail("rollout", "temperature", self.temperature, "must be >= 0")
         for name in ("max_infra_retries", "eval_every", "max_staleness"):
@@ -386,8 +388,11 @@ def _base(tp: Any) -> tuple[Any, tuple[Any, ...] | None]:
         vals = typing.get_args(tp)
         return type(vals[0]), vals
     if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:  # Optional[X]: X, and None means "unset"
+            return _base(args[0])
         choices: list[Any] = []
-        for arg in typing.get_args(tp):
+        for arg in args:
             t, c = _base(arg)
             choices.extend(c or ())
         return str, tuple(choices) or None
@@ -397,6 +402,8 @@ def _base(tp: Any) -> tuple[Any, tuple[Any, ...] | None]:
 
 
 def _coerce(section: str, name: str, tp: Any, value: Any) -> Any:
+    if value is None and type(None) in typing.get_args(tp):
+        return None
     base, choices = _base(tp)
     where = f"{section}.{name}"
     if base is dict:
@@ -555,7 +562,8 @@ def to_toml(cfg: TrainConfig) -> str:
     for sec, table in to_dict(cfg).items():
         lines.append(f"[{sec}]")
         for k, v in table.items():
-            lines.append(f"{k} = {_toml_value(v)}")
+            # TOML has no null: an unset optional field is left out, so it reads back unset
+            lines.append(f"# {k} is unset" if v is None else f"{k} = {_toml_value(v)}")
         lines.append("")
     return "\n".join(lines)
 

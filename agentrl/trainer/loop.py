@@ -45,7 +45,7 @@ from agentrl.trainer.config import TrainConfig, to_toml
 from agentrl.trainer.distributed import Ranks
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
 from agentrl.trainer.pipeline import RolloutAhead
-from agentrl.trainer.rollout import RolloutManager, RolloutResult, merge_results
+from agentrl.trainer.rollout import RolloutManager, RolloutResult, merge_results, turn_limit
 from agentrl.trainer.sft import SFT_SEED_OFFSET, oracle_examples, sft_batches
 from agentrl.trainer.weight_sync import make_sync
 
@@ -127,8 +127,11 @@ def make_env_factory(cfg: TrainConfig) -> Any:
                 "(fix --env-kwargs, or leave it out for the env's demo preset)"
             ) from None
         close = getattr(env, "close", None)
-        if close:
-            close()
+        try:  # a --max-turns above the env's own limit fails here too, before the model loads
+            turn_limit(r.max_turns, env)
+        finally:
+            if close:
+                close()
     return factory
 
 

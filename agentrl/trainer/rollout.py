@@ -35,15 +35,42 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.errors import ConfigError
 from agentrl.trainer.errors import RolloutError
 from agentrl.types import Message, SamplingParams, Trajectory
 
-__all__ = ["Episode", "RolloutManager", "RolloutResult", "episode_seed", "merge_results"]
+__all__ = ["Episode", "RolloutManager", "RolloutResult", "episode_seed", "merge_results", "turn_limit"]
 
 
 def episode_seed(*parts: int | str) -> int:
     """A stable 31-bit sampling seed from the episode's coordinates."""
     return zlib.crc32(":".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+def turn_limit(requested: int | None, env: Any) -> int:
+    """The assistant turns an episode of ``env`` may take: the env's own ``max_turns``, or fewer.
+
+    ``requested`` is ``rollout.max_turns``. Unset (``None``), the env's limit applies. A
+    smaller value is a budget: the rollout stops the episode there and marks it truncated.
+    A larger value is a :class:`ConfigError`, not a silent ``min``: the env truncates every
+    episode at its own limit whatever the run asks, so accepting the value would print and
+    save a setting that never applied. The message names both values and the fix (leave
+    it unset, lower it, or raise the env's limit through ``env_kwargs`` where the env's
+    constructor takes ``max_turns``). ``env.max_turns`` is read from the instance, so a
+    remote env must have been reset once (its limit comes from the server).
+    """
+    own = int(env.max_turns)
+    if requested is None:
+        return own
+    if requested > own:
+        spec = getattr(env, "agentrl_spec", None)
+        name = getattr(spec, "id", None) or getattr(env, "env_id", None) or type(env).__name__
+        raise ConfigError(
+            f"rollout.max_turns={requested} exceeds env {name!r}'s own max_turns={own}, at which the env "
+            f"truncates every episode; leave --max-turns unset (the env's {own} applies) or lower it, or raise "
+            f"the env's limit if its constructor takes one (--env-kwargs '{{\"max_turns\": {requested}}}')"
+        )
+    return requested
 
 
 @dataclass
@@ -81,7 +108,11 @@ class RolloutResult:
 
 
 class RolloutManager:
-    """Runs groups of episodes of ``env_factory()`` envs through ``sessions`` (a SessionManager)."""
+    """Runs groups of episodes of ``env_factory()`` envs through ``sessions`` (a SessionManager).
+
+    ``max_turns`` is ``rollout.max_turns``: ``None`` plays each episode up to the env's own
+    limit; see :func:`turn_limit` for a set value.
+    """
 
     def __init__(
         self,
@@ -89,7 +120,7 @@ class RolloutManager:
         sessions: Any,
         *,
         max_new_tokens: int = 32,
-        max_turns: int = 4,
+        max_turns: int | None = None,
         max_infra_retries: int = 2,
         episode_timeout_s: float = 120.0,
     ) -> None:
@@ -118,10 +149,11 @@ class RolloutManager:
         completion = 0
         try:
             messages, _ = await asyncio.to_thread(env.reset, seed=seed)
+            limit = turn_limit(self.max_turns, env)
             tools = list(env.tools) or None
             history: list[Message] = list(messages)
             done = False
-            while not done and turns < self.max_turns:
+            while not done and turns < limit:
                 sampling = SamplingParams.model_validate(
                     {
                         "temperature": temperature,
@@ -141,7 +173,7 @@ class RolloutManager:
                 reward += float(r)
                 history += [reply, *obs]
                 done = bool(terminated or trunc)
-                truncated = bool(trunc) or (not done and turns >= self.max_turns)
+                truncated = bool(trunc) or (not done and turns >= limit)
             trajs = await self._sessions_call("trajectories", sid)
         finally:
             if sid in self.sessions:
@@ -176,6 +208,8 @@ class RolloutManager:
                     self._episode_once(seed, group_id, index, temperature, attempt, salt),
                     self.episode_timeout_s,
                 )
+            except ConfigError:  # the run's settings do not fit the env: fail fast, not an infra failure
+                raise
             except TimeoutError:
                 last = f"episode deadline of {self.episode_timeout_s} s passed"
             except Exception as e:  # noqa: BLE001 - classified below, never crashes the other episodes

@@ -69,6 +69,7 @@ def test_unknown_toml_key_is_named_with_suggestion(tmp_path):
         ({"policy_loss": "nope"}, r"algo\.policy_loss='nope': choose one of"),
         ({"group_size": "8"}, r"rollout\.group_size: expected int"),
         ({"max_staleness": -1}, r"rollout\.max_staleness=-1: must be >= 0"),
+        ({"max_turns": 0}, r"rollout\.max_turns=0: must be >= 1"),
         ({"grup_size": 8}, r"unknown key 'grup_size'.*group_size"),
     ],
 )
@@ -117,3 +118,12 @@ def test_weight_sync_auto_picks_disk_for_a_remote_session_server():
     assert C.resolve().run.weight_sync == "inprocess"
     assert C.resolve(session_url="http://127.0.0.1:1").run.weight_sync == "disk"
     assert C.resolve(session_url="http://127.0.0.1:1", weight_sync="broadcast").run.weight_sync == "broadcast"
+
+
+def test_max_turns_is_unset_by_default_and_round_trips(tmp_path):
+    assert C.resolve().rollout.max_turns is None  # the env's own max_turns applies
+    assert _parse(["--max-turns", "2"]).rollout.max_turns == 2
+    for cfg in (C.resolve(), C.resolve(max_turns=3)):
+        path = tmp_path / "config.toml"
+        path.write_text(C.to_toml(cfg))
+        assert C.resolve(toml=path) == cfg

@@ -7,6 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
+from agentrl.envs import make
 from agentrl.trainer.config import resolve
 from agentrl.trainer.loop import train
 from agentrl.trainer.metrics import read_jsonl
@@ -73,6 +74,10 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
             ["train", "--env", "calculator", "--env-kwargs", '{"nope": 1}'],
             "unexpected keyword argument 'nope'",
         ),
+        (
+            ["train", "--env", "countdown", "--max-turns", "2"],
+            "rollout.max_turns=2 exceeds env 'countdown-v0'",
+        ),
     ],
 )
 def test_bad_config_fails_fast_naming_the_field(args, needle, tmp_path, capsys):
@@ -133,6 +138,8 @@ def test_calculator_preset_trains_multi_turn_and_logs_assistant_turns(tmp_path):
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     evals = [r for r in rows if r["kind"] == "eval"]
     assert s.eval_start is not None and len(evals) == 2
-    assert all(1 <= r["eval/turns"] <= cfg.rollout.max_turns for r in evals)
+    assert cfg.rollout.max_turns is None  # the env's own limit applies
+    limit = make(cfg.rollout.env, **cfg.rollout.env_kwargs).max_turns
+    assert all(1 <= r["eval/turns"] <= limit for r in evals)
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert train_rows and train_rows[0]["rollout/episodes_ok"] == cfg.batch_size

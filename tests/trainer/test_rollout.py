@@ -6,10 +6,11 @@ import pytest
 
 from agentrl.engines.hf import HFEngine
 from agentrl.envs import make
+from agentrl.errors import ConfigError
 from agentrl.models import load_model, load_tokenizer
 from agentrl.session.manager import SessionManager
 from agentrl.trainer.errors import RolloutError
-from agentrl.trainer.rollout import RolloutManager
+from agentrl.trainer.rollout import RolloutManager, turn_limit
 
 MODEL = "tiny-qwen3"
 
@@ -25,6 +26,7 @@ class FlakyEnv:
     """Countdown whose step raises on the first ``fail_times`` calls across instances (an env crash)."""
 
     calls = 0
+    max_turns = 1
 
     def __init__(self, fail_times: int) -> None:
         self.inner, self.fail_times = make("countdown"), fail_times
@@ -93,3 +95,20 @@ def test_group_with_unrecoverable_infra_error_is_dropped_not_scored(sessions):
     assert all(e.status == "ok" for e in res.episodes)
     with pytest.raises(RolloutError, match="env process died"):
         rm.run([5], group_size=2, temperature=1.0)
+
+
+def test_max_turns_defaults_to_the_envs_own_and_may_only_cut_it_shorter(sessions):
+    calc = make("calculator")  # max_turns 4: one or more tool calls, then the answer
+    assert turn_limit(None, calc) == 4 and turn_limit(2, calc) == 2 and turn_limit(4, calc) == 4
+    with pytest.raises(ConfigError, match=r"rollout\.max_turns=5 exceeds env 'calculator-v0'.*max_turns=4"):
+        turn_limit(5, calc)
+    # the rollout plays a calculator episode up to the env's 4 turns, or stops it at a smaller budget
+    unset = RolloutManager(lambda: make("calculator"), sessions, max_new_tokens=4)
+    assert all(1 <= e.turns <= 4 for e in unset.run([0, 1], group_size=2, temperature=1.0).episodes)
+    one = RolloutManager(lambda: make("calculator"), sessions, max_new_tokens=4, max_turns=1)
+    res = one.run([0, 1], group_size=2, temperature=1.0)
+    assert all(e.turns == 1 for e in res.episodes)
+    # a too-large value is the run's error, raised at once, not an infrastructure failure per episode
+    over = RolloutManager(lambda: make("countdown"), sessions, max_new_tokens=4, max_turns=2)
+    with pytest.raises(ConfigError, match="max_turns=2 exceeds env 'countdown-v0'.*max_turns=1"):
+        over.run([0], group_size=2, temperature=1.0)
