@@ -1,7 +1,7 @@
 """GRPO training throughput: agentrl vs TRL's ``GRPOTrainer`` on the same model, task and shapes.
 
 Both sides train the same tiny model (same initial weights, float32, CPU) on the
-countdown task at the demo's setting (``DEMO_PRESETS``: two numbers up to 5, ``+``;
+countdown task at the demo's setting (its registered ``demo_preset``: two numbers up to 5, ``+``;
 single turn; the same env kwargs on both sides, the prompt rendered with the model's
 chat template), with the same group size G, the same number of completions per
 optimizer step, the same maximum completion length (generation stops at the

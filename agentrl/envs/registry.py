@@ -53,6 +53,12 @@ class EnvSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     deterministic: bool = True
     description: str = ""
+    demo_preset: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """``agentrl train`` options for the env's demo, ``{section: {key: value}}`` (sections and
+    keys of ``agentrl.trainer.config``, e.g. ``{"rollout": {"env_kwargs": {...}}, "run":
+    {"steps": 50}}``): the difficulty and run length at which the default tiny model learns
+    the task in a few CPU minutes. The trainer applies it only when ``rollout.env_kwargs`` is
+    left empty, and any key the user gives wins; empty = no demo."""
 
     @property
     def name(self) -> str:
@@ -108,6 +114,7 @@ def register(
     *,
     deterministic: bool = True,
     description: str = "",
+    demo_preset: dict[str, dict[str, Any]] | None = None,
     override: bool = False,
     **defaults: Any,
 ) -> EnvSpec:
@@ -116,7 +123,8 @@ def register(
     ``entry_point`` is an Env subclass, a factory returning an Env, or a
     ``"module:attr"`` string imported on first ``make``. Registering the same
     entry point again is a no-op; a different one under a taken id needs
-    ``override=True``.
+    ``override=True``. ``demo_preset`` is the ``agentrl train`` setting of the
+    env's demo (:attr:`EnvSpec.demo_preset`).
     """
     if not isinstance(id, str) or not _ID_RE.match(id):
         raise RegistrationError(
@@ -126,7 +134,14 @@ def register(
         raise RegistrationError(
             f"env {id!r}: entry_point must be an Env class, a factory, or 'module:attr', got {entry_point!r}"
         )
-    new = EnvSpec(id, entry_point, dict(defaults), deterministic, description)
+    if demo_preset is not None and not (
+        isinstance(demo_preset, dict) and all(isinstance(t, dict) for t in demo_preset.values())
+    ):
+        raise RegistrationError(
+            f"env {id!r}: demo_preset must be {{section: {{key: value}}}} (e.g. "
+            f"{{'run': {{'steps': 50}}}}), got {demo_preset!r}"
+        )
+    new = EnvSpec(id, entry_point, dict(defaults), deterministic, description, dict(demo_preset or {}))
     with _lock:
         old = _registry.get(id)
         if old is not None and old != new and not override:

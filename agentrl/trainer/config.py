@@ -19,7 +19,6 @@ import dataclasses
 import difflib
 import inspect
 import json
-import re
 import sys
 import tomllib
 import types
@@ -31,7 +30,6 @@ from typing import Any, Literal
 from agentrl.errors import ConfigError
 
 __all__ = [
-    "DEMO_PRESETS",
     "AlgoConfig",
     "ModelConfig",
     "OptimConfig",
@@ -51,29 +49,6 @@ PolicyLossKind = Literal["ppo", "gspo", "cispo"]
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k2", "k3"]
 SyncKind = Literal["auto", "inprocess", "disk", "broadcast"]
-
-
-DEMO_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    "countdown": {
-        "rollout": {
-            "env_kwargs": {"num_numbers": 2, "max_number": 5, "operations": "+"},
-            "tasks_per_step": 16,
-            "eval_every": 10,
-        },
-        "optim": {"lr": 1e-4},
-        "run": {"sft_steps": 100, "steps": 50},
-    },
-    "calculator": {
-        "rollout": {"env_kwargs": {"templates": [0], "operand_range": [2, 6], "oracle_tool_rate": 0.4}},
-        "run": {"sft_steps": 250, "steps": 30},
-    },
-}
-"""The demo setting of an env, ``{section: {key: value}}``, used by :func:`resolve` when
-``rollout.env_kwargs`` is left empty: the difficulty (and warm-start length) at which the
-default tiny model, starting from random weights, learns the task within the few-minute
-CPU demo. A key given in the TOML file or on the command line wins over the preset; an
-explicit ``--env-kwargs`` (any JSON object, e.g. ``{"num_numbers": 3}``) turns the whole
-preset off."""
 
 
 def _fail(section: str, name: str, value: Any, why: str) -> None:
@@ -111,7 +86,7 @@ class RolloutConfig:
     env: str = "countdown"
     """environment name (see `agentrl envs`)"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """keyword arguments for the env constructor (JSON object); empty = the env's demo preset (DEMO_PRESETS), if any"""
+    """keyword arguments for the env constructor (JSON object); empty = the env's demo preset (registered with the env), if any"""
     env_url: str = ""
     """URL of a remote env server; empty runs the env in-process"""
     session_url: str = ""
@@ -539,16 +514,34 @@ def resolve(
 
 
 def _apply_preset(values: dict[str, dict[str, Any]]) -> None:
-    """Fill the keys the user left out from the env's :data:`DEMO_PRESETS` entry (only without env_kwargs)."""
+    """Fill the keys the user left out from the env's registered ``demo_preset`` (only without env_kwargs).
+
+    The preset is the difficulty and run length at which the default tiny model, from random
+    weights, learns the task within the few-minute CPU demo; an explicit ``--env-kwargs``
+    (any JSON object) turns the whole preset off. An env this process does not know (e.g.
+    one served at ``--env-url`` only) has no preset; ``make_env_factory`` names a local typo.
+    """
+    from agentrl.envs import spec
+    from agentrl.envs.errors import UnknownEnvError
+
     rollout = values["rollout"]
     if rollout.get("env_kwargs"):
         return
     env = rollout.get("env", RolloutConfig.env)
-    preset = (
-        DEMO_PRESETS.get(re.sub(r"-v\d+$", "", env)) if isinstance(env, str) else None
-    )  # countdown-v0 too
-    for sec, table in (preset or {}).items():
+    if not isinstance(env, str):
+        return  # _build reports the type error
+    try:
+        found = spec(env)  # countdown and countdown-v0 alike
+    except UnknownEnvError:
+        return
+    sections = dict(SECTIONS)
+    for sec, table in found.demo_preset.items():
+        if sec not in sections:
+            raise _unknown(sec, list(sections), f"the demo_preset of env {found.id!r}")
+        known = [f.name for f in fields(sections[sec])]
         for key, v in table.items():
+            if key not in known:
+                raise _unknown(key, known, f"the demo_preset of env {found.id!r} [{sec}]")
             values[sec].setdefault(key, copy.deepcopy(v))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -89,18 +90,54 @@ def test_ppo_defaults_to_gae():
     assert C.resolve().algo.advantage_kind == "grpo"
 
 
+COUNTDOWN_DEMO = {"num_numbers": 2, "max_number": 5, "operations": "+"}
+CALCULATOR_DEMO = {"templates": [0], "operand_range": [2, 6], "oracle_tool_rate": 0.4}
+
+
 def test_demo_preset_applies_only_when_env_kwargs_is_empty():
-    countdown = C.DEMO_PRESETS["countdown"]
-    assert C.resolve().rollout.env_kwargs == countdown["rollout"]["env_kwargs"]
-    assert C.resolve().run.sft_steps == countdown["run"]["sft_steps"]
-    assert C.resolve(env="countdown-v0").rollout.env_kwargs == countdown["rollout"]["env_kwargs"]
+    # the demos' settings as docs/training.md documents them, now registered with each env
+    cd = C.resolve()
+    assert cd.rollout.env_kwargs == COUNTDOWN_DEMO
+    assert (cd.rollout.tasks_per_step, cd.rollout.eval_every, cd.optim.lr) == (16, 10, 1e-4)
+    assert (cd.run.sft_steps, cd.run.steps) == (100, 50)
+    v0 = C.resolve(env="countdown-v0")  # the versioned id gets the same preset
+    assert dataclasses.replace(v0, rollout=dataclasses.replace(v0.rollout, env="countdown")) == cd
     own = C.resolve(env_kwargs={"num_numbers": 3})
     assert own.rollout.env_kwargs == {"num_numbers": 3}
     assert own.run.sft_steps == C.RunConfig().sft_steps  # the whole preset is off
     calc = C.resolve(env="calculator")
-    assert calc.rollout.env_kwargs == C.DEMO_PRESETS["calculator"]["rollout"]["env_kwargs"]
+    assert calc.rollout.env_kwargs == CALCULATOR_DEMO
     assert (calc.run.sft_steps, calc.run.steps) == (250, 30)
+    assert calc.rollout.tasks_per_step == C.RolloutConfig().tasks_per_step
     assert C.resolve(env="guess_number").rollout.env_kwargs == {}  # no preset: the env's own defaults
+    assert C.resolve(env="served-elsewhere").rollout.env_kwargs == {}  # unknown here (an --env-url env)
+
+
+@pytest.fixture
+def probe_ids():
+    from agentrl.envs import registry
+
+    ids = ["preset-probe-v0", "preset-typo-v0"]
+    yield ids
+    for id in ids:  # leave the registry as the other tests expect it
+        registry._registry.pop(id, None)
+        registry.gymnasium.envs.registration.registry.pop(f"agentrl/{id}", None)
+
+
+def test_the_preset_comes_from_the_env_registration(probe_ids):
+    from agentrl.envs import register, spec
+
+    assert spec("countdown").demo_preset["rollout"]["env_kwargs"] == COUNTDOWN_DEMO
+    register(
+        "preset-probe-v0",
+        "environments.countdown.env:CountdownEnv",
+        demo_preset={"run": {"steps": 7}, "rollout": {"env_kwargs": {"num_numbers": 2}}},
+    )
+    cfg = C.resolve(env="preset-probe")
+    assert (cfg.run.steps, cfg.rollout.env_kwargs) == (7, {"num_numbers": 2})
+    register("preset-typo-v0", "environments.countdown.env:CountdownEnv", demo_preset={"run": {"stepz": 7}})
+    with pytest.raises(ConfigError, match="unknown key 'stepz' in the demo_preset of env 'preset-typo-v0'"):
+        C.resolve(env="preset-typo")
 
 
 def test_a_key_given_explicitly_wins_over_the_demo_preset(tmp_path):
