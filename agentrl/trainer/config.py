@@ -1,32 +1,26 @@
-"""Training configuration: frozen dataclasses that are the one source of truth.
+"""The run's configuration: the frozen dataclasses of `agentrl train` and how they are resolved.
 
 Every option lives once, as a field with its default and a one-line docstring
-under it. :func:`add_cli_flags` generates the ``agentrl train`` flags from the
-fields (``group_size`` becomes ``--group-size``), :func:`load_toml` reads a
-``run.toml`` whose tables mirror the sections (``[rollout]``, ``[algo]``, ...),
-and :func:`resolve` merges defaults < TOML < flags given on the command line.
-Unknown keys are errors that name the key; cross-field checks (GRPO needs a
-group of at least 2, the batch must split into mini-batches, ...) run in
-``__post_init__``, i.e. before any model is loaded.
+under it, in one of five sections (``[model]``, ``[rollout]``, ``[algo]``,
+``[optim]``, ``[run]``). The flags (``group_size`` becomes ``--group-size``), the
+TOML reader and writer and the type checks are generated from the fields by
+:mod:`agentrl.configlib`; this module adds what is the run's own: :func:`resolve`
+merges defaults < the env's registered demo preset < TOML < flags given on the
+command line < keyword overrides. Unknown keys are errors that name the key;
+cross-field checks (GRPO needs a group of at least 2, the batch must split into
+mini-batches, ...) run in ``__post_init__``, i.e. before any model is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import copy
 import dataclasses
-import difflib
-import inspect
-import json
-import sys
-import tomllib
-import types
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from agentrl import configlib
 from agentrl.errors import ConfigError
 
 __all__ = [
@@ -329,125 +323,14 @@ class TrainConfig:
 SECTIONS: tuple[tuple[str, type], ...] = tuple((f.name, f.default_factory) for f in fields(TrainConfig))  # type: ignore[misc]
 
 
-# ---------------------------------------------------------------- introspection
-
-
 def field_help(cls: type) -> dict[str, str]:
-    """The docstring under each field of ``cls`` (parsed from its source)."""
-    try:
-        tree = ast.parse(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    out: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:], strict=False):
-        is_field = isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-        is_doc = (
-            isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        )
-        if is_field and is_doc:
-            out[node.target.id] = nxt.value.value.strip()
-    return out
-
-
-def _leaf_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, vars(sys.modules[__name__]))
-
-
-def _base(tp: Any) -> tuple[Any, tuple[Any, ...] | None]:
-    """(python type, literal choices or None) of an annotation."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        vals = typing.get_args(tp)
-        return type(vals[0]), vals
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:  # Optional[X]: X, and None means "unset"
-            return _base(args[0])
-        choices: list[Any] = []
-        for arg in args:
-            t, c = _base(arg)
-            choices.extend(c or ())
-        return str, tuple(choices) or None
-    if origin is dict or tp is dict:
-        return dict, None
-    return tp, None
-
-
-def _coerce(section: str, name: str, tp: Any, value: Any) -> Any:
-    if value is None and type(None) in typing.get_args(tp):
-        return None
-    base, choices = _base(tp)
-    where = f"{section}.{name}"
-    if base is dict:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{where}: expected a JSON object, got {value!r} ({e})") from None
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a table / JSON object, got {value!r}")
-        return value
-    if base is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, base) or isinstance(value, bool) and base is not bool:
-        raise ConfigError(f"{where}: expected {base.__name__}, got {value!r} ({type(value).__name__})")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"{where}={value!r}: choose one of {', '.join(map(repr, choices))}")
-    return value
-
-
-def _unknown(key: str, known: list[str], where: str) -> ConfigError:
-    best = difflib.get_close_matches(key, known, n=1)
-    hint = f"; did you mean {best[0]!r}?" if best else f"; known keys: {', '.join(known)}"
-    return ConfigError(f"unknown key {key!r} in {where}{hint}")
-
-
-def _build(values: dict[str, dict[str, Any]]) -> TrainConfig:
-    parts = {}
-    for sec, cls in SECTIONS:
-        hints = _leaf_types(cls)
-        given = values.get(sec, {})
-        kw = {k: _coerce(sec, k, hints[k], v) for k, v in given.items()}
-        parts[sec] = cls(**kw)
-    return TrainConfig(**parts)
-
-
-# ---------------------------------------------------------------- TOML, CLI
+    """The docstring under each field of ``cls`` (see :func:`agentrl.configlib.field_help`)."""
+    return configlib.field_help(cls)
 
 
 def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
     """Read a ``run.toml`` into ``{section: {key: value}}``, rejecting unknown tables and keys."""
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
-    sections = dict(SECTIONS)
-    out: dict[str, dict[str, Any]] = {}
-    for sec, table in data.items():
-        if sec not in sections:
-            raise _unknown(sec, list(sections), f"{p.name} (top-level tables are sections)")
-        if not isinstance(table, dict):
-            raise ConfigError(f"{p.name}: {sec!r} must be a table ([{sec}]), got {table!r}")
-        known = [f.name for f in fields(sections[sec])]
-        for key in table:
-            if key not in known:
-                raise _unknown(key, known, f"{p.name} [{sec}]")
-        out[sec] = dict(table)
-    return out
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return configlib.load_toml(path, SECTIONS)
 
 
 def add_cli_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
@@ -455,62 +338,31 @@ def add_cli_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | N
 
     Flags default to "not given" so that :func:`resolve` can layer them over a TOML file.
     """
-    parser.add_argument(
-        "--config", default=None, metavar="RUN.TOML", help="read options from a TOML file first"
-    )
-    for sec, cls in SECTIONS:
-        if sections is not None and sec not in sections:
-            continue
-        group = parser.add_argument_group(sec, (cls.__doc__ or "").strip())
-        helps = field_help(cls)
-        hints = _leaf_types(cls)
-        defaults = cls()
-        for f in fields(cls):
-            base, choices = _base(hints[f.name])
-            default = getattr(defaults, f.name)
-            text = f"{helps.get(f.name, '')} (default: {json.dumps(default) if base is dict else default!r})"
-            kw: dict[str, Any] = {
-                "dest": f"{sec}.{f.name}",
-                "default": argparse.SUPPRESS,
-                "help": text.replace("%", "%%"),
-            }
-            if base is bool:
-                kw["action"] = argparse.BooleanOptionalAction
-            elif base is dict:
-                kw["metavar"] = "JSON"
-            else:
-                kw["type"] = base
-                kw["metavar"] = "{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper()
-                if choices:
-                    kw["choices"] = choices
-            group.add_argument(_flag(f.name), **kw)
+    configlib.add_cli_flags(parser, SECTIONS, sections)
 
 
 def resolve(
     args: argparse.Namespace | None = None, *, toml: str | Path | None = None, **overrides: Any
 ) -> TrainConfig:
-    """Defaults < TOML file < CLI flags < ``overrides`` (``section.key`` or unique bare keys)."""
+    """Defaults < the env's demo preset < TOML file < CLI flags < ``overrides`` (``section.key`` or bare keys)."""
     values: dict[str, dict[str, Any]] = {sec: {} for sec, _ in SECTIONS}
     path = toml if toml is not None else getattr(args, "config", None) if args is not None else None
     if path:
         for sec, table in load_toml(path).items():
             values[sec].update(table)
     if args is not None:
-        for dest, v in vars(args).items():
-            if "." in dest:
-                sec, key = dest.split(".", 1)
-                if sec in values:
-                    values[sec][key] = v
+        for sec, table in configlib.flag_values(args, SECTIONS).items():
+            values[sec].update(table)
     owner = {f.name: sec for sec, cls in SECTIONS for f in fields(cls)}
     for key, v in overrides.items():
         sec, _, name = key.rpartition(".")
         if not sec:
             if key not in owner:
-                raise _unknown(key, sorted(owner), "overrides")
+                raise configlib.unknown_key(key, sorted(owner), "overrides")
             sec, name = owner[key], key
         values[sec][name] = v
     _apply_preset(values)
-    return _build(values)
+    return TrainConfig(**configlib.build_sections(SECTIONS, values))
 
 
 def _apply_preset(values: dict[str, dict[str, Any]]) -> None:
@@ -529,7 +381,7 @@ def _apply_preset(values: dict[str, dict[str, Any]]) -> None:
         return
     env = rollout.get("env", RolloutConfig.env)
     if not isinstance(env, str):
-        return  # _build reports the type error
+        return  # build_sections reports the type error
     try:
         found = spec(env)  # countdown and countdown-v0 alike
     except UnknownEnvError:
@@ -537,11 +389,11 @@ def _apply_preset(values: dict[str, dict[str, Any]]) -> None:
     sections = dict(SECTIONS)
     for sec, table in found.demo_preset.items():
         if sec not in sections:
-            raise _unknown(sec, list(sections), f"the demo_preset of env {found.id!r}")
+            raise configlib.unknown_key(sec, list(sections), f"the demo_preset of env {found.id!r}")
         known = [f.name for f in fields(sections[sec])]
         for key, v in table.items():
             if key not in known:
-                raise _unknown(key, known, f"the demo_preset of env {found.id!r} [{sec}]")
+                raise configlib.unknown_key(key, known, f"the demo_preset of env {found.id!r} [{sec}]")
             values[sec].setdefault(key, copy.deepcopy(v))
 
 
@@ -551,25 +403,4 @@ def to_dict(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
 
 def to_toml(cfg: TrainConfig) -> str:
     """Render the resolved config as TOML that :func:`load_toml` reads back to the same config."""
-    lines: list[str] = []
-    for sec, table in to_dict(cfg).items():
-        lines.append(f"[{sec}]")
-        for k, v in table.items():
-            # TOML has no null: an unset optional field is left out, so it reads back unset
-            lines.append(f"# {k} is unset" if v is None else f"{k} = {_toml_value(v)}")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise ConfigError(f"cannot write {v!r} to TOML")
+    return configlib.to_toml(to_dict(cfg))
