@@ -142,8 +142,9 @@ class TimedEngine:
         finally:
             self.seconds += time.perf_counter() - t0
 
-    async def update_weights(self, *args: Any, **kwargs: Any) -> int:
-        return int(await self.inner.update_weights(*args, **kwargs))
+    def __getattr__(self, name: str) -> Any:
+        """The rest of the Engine protocol (capabilities, weight updates, close) goes to the engine."""
+        return getattr(self.inner, name)
 
     async def abort(self, request_id: str) -> bool:
         return bool(await self.inner.abort(request_id))

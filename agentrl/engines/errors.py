@@ -9,24 +9,28 @@
         │   ├── ContextLengthError       prompt (+ max_new_tokens) longer than the model's context
         │   └── InvalidSamplingError     unknown or out-of-range sampling field
         ├── WeightUpdateError        new weights were rejected (names, shapes, transport); old weights stay
+        │   └── UnsupportedWeightUpdateError  the engine does not serve that update path (raised at setup)
         ├── EngineUnavailableError   the engine is stopped, unreachable or answered 5xx
-        └── EngineTimeoutError       a deadline passed (names the operation and the peer)
+        ├── EngineTimeoutError       a deadline passed (names the operation and the peer)
+        └── EngineCheckError         check_engine found a broken contract (names the check and the fix)
 
 A request error never affects other requests: the engine keeps serving.
 """
 
 from __future__ import annotations
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, ConfigError
 
 __all__ = [
     "ContextLengthError",
+    "EngineCheckError",
     "EngineError",
     "EngineRequestError",
     "EngineTimeoutError",
     "EngineUnavailableError",
     "InvalidSamplingError",
     "InvalidTokenError",
+    "UnsupportedWeightUpdateError",
     "WeightUpdateError",
 ]
 
@@ -55,9 +59,20 @@ class WeightUpdateError(EngineError):
     """A weight update was rejected; the engine keeps its previous weights and version."""
 
 
+class UnsupportedWeightUpdateError(WeightUpdateError, ConfigError):
+    """The engine does not serve this weight-update path (see ``Engine.capabilities``).
+
+    Raised when the trainer is configured, so it is also a ``ConfigError``.
+    """
+
+
 class EngineUnavailableError(EngineError):
     """The engine is stopped, cannot be reached, or failed internally."""
 
 
 class EngineTimeoutError(EngineError, TimeoutError):
     """A deadline passed while waiting for the engine."""
+
+
+class EngineCheckError(EngineError):
+    """``check_engine`` found an engine that breaks the ``Engine`` contract."""

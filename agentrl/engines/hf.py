@@ -43,7 +43,7 @@ from agentrl.engines.errors import (
     InvalidTokenError,
     WeightUpdateError,
 )
-from agentrl.engines.protocol import Generation
+from agentrl.engines.protocol import EngineCapabilities, Generation
 from agentrl.engines.scheduler import Request, Scheduler
 from agentrl.engines.weights import StagedWeights, load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
@@ -249,6 +249,32 @@ class HFEngine:
     def abort_sync(self, request_id: str) -> bool:
         return self._sched.abort(request_id)
 
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """Every path: tensors in this process, a safetensors path, a ``torch.distributed`` group."""
+        return EngineCapabilities(state_dict=True, checkpoint=True, distributed=True)
+
+    async def update_weights_from_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None, drain: bool = False
+    ) -> int:
+        """Copy ``state_dict`` into the model between two decode steps; return the new version.
+
+        Names and shapes are checked before anything is copied (a rejected update leaves the old
+        weights). A partial state dict updates only the named tensors. The version becomes
+        ``version`` when given, else the current version + 1. With ``drain=False`` (default)
+        in-flight requests continue and their later tokens carry the new version; with
+        ``drain=True`` admission pauses until running requests finish, then the update applies.
+        """
+        return await asyncio.wrap_future(self._queue_weights(dict(state_dict), version, drain))
+
+    async def update_weights_from_path(
+        self, path: str | os.PathLike[str], *, version: int | None = None, drain: bool = False
+    ) -> int:
+        """Load a safetensors directory (as ``save_pretrained`` writes it) or file; as above otherwise."""
+        # reading a checkpoint must not block the caller's event loop
+        tensors = await asyncio.to_thread(load_safetensors_dir, Path(path))
+        return await asyncio.wrap_future(self._queue_weights(tensors, version, drain))
+
     async def update_weights(
         self,
         state_dict: Mapping[str, torch.Tensor] | None = None,
@@ -257,49 +283,18 @@ class HFEngine:
         version: int | None = None,
         drain: bool = False,
     ) -> int:
-        """Load new weights from an in-memory ``state_dict`` or a safetensors ``path``; return the new version.
-
-        Names and shapes are checked before anything is copied (a rejected update leaves the old
-        weights). Partial state dicts update only the named tensors. The version becomes ``version``
-        when given, else the current version + 1. With ``drain=False`` (default) in-flight requests
-        continue and their later tokens carry the new version; with ``drain=True`` admission pauses
-        until running requests finish, then the update applies.
-        """
-        if path is not None:  # reading a checkpoint must not block the caller's event loop
-            fut = await asyncio.to_thread(
-                self.update_weights_future, state_dict, path=path, version=version, drain=drain
-            )
-        else:
-            fut = self.update_weights_future(state_dict, path=path, version=version, drain=drain)
-        return await asyncio.wrap_future(fut)
-
-    def update_weights_sync(
-        self,
-        state_dict: Mapping[str, torch.Tensor] | None = None,
-        *,
-        path: str | os.PathLike[str] | None = None,
-        version: int | None = None,
-        drain: bool = False,
-        timeout: float | None = None,
-    ) -> int:
-        fut = self.update_weights_future(state_dict, path=path, version=version, drain=drain)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise EngineTimeoutError(f"weight update did not apply within {timeout} s") from None
-
-    def update_weights_future(
-        self,
-        state_dict: Mapping[str, torch.Tensor] | None = None,
-        *,
-        path: str | os.PathLike[str] | None = None,
-        version: int | None = None,
-        drain: bool = False,
-    ) -> concurrent.futures.Future[int]:
-        """Check (and read) the new weights now, queue them for the engine thread; the future gives the version."""
+        """Shorthand for scripts: exactly one of ``state_dict`` or ``path`` (not part of the protocol)."""
         if (state_dict is None) == (path is None):
             raise WeightUpdateError("update_weights needs exactly one of state_dict=... or path=...")
-        tensors = dict(state_dict) if state_dict is not None else load_safetensors_dir(Path(path))  # type: ignore[arg-type]
+        if path is not None:
+            return await self.update_weights_from_path(path, version=version, drain=drain)
+        assert state_dict is not None
+        return await self.update_weights_from_state_dict(state_dict, version=version, drain=drain)
+
+    def _queue_weights(
+        self, tensors: dict[str, torch.Tensor], version: int | None, drain: bool
+    ) -> concurrent.futures.Future[int]:
+        """Check the new weights now (raises here), queue them for the engine thread."""
         targets = validate_state_dict(self.model, tensors)
         return self._sched.queue_update(lambda: self._copy_weights(targets, tensors, version), drain)
 
@@ -371,9 +366,7 @@ class HFEngine:
         if not flush_cache:
             return self.weight_version
         tensors = self._staged.pop(group_name).tensors
-        targets = validate_state_dict(self.model, tensors)
-        fut = self._sched.queue_update(lambda: self._copy_weights(targets, tensors, version), False)
-        return await asyncio.wrap_future(fut)
+        return await asyncio.wrap_future(self._queue_weights(tensors, version, False))
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         from agentrl.engines.weights import destroy_weight_update_group

@@ -1,20 +1,65 @@
-"""The Engine protocol: token ids in, sampled token ids with logprobs out.
+"""The Engine protocol: token ids in, sampled token ids with logprobs out; the whole contract.
 
-Engines never see chat text; the session server owns tokenization. Every
-sampled token carries the weight version that produced it, so the trainer can
-bound staleness and correct off-policy tokens.
+Engines never see chat text; the session server owns tokenization. Every sampled token
+carries the weight version that produced it, so the trainer can bound staleness and
+correct off-policy tokens. The trainer, the session server and weight sync
+(:mod:`agentrl.trainer.weight_sync`) call an engine only through :class:`Engine`;
+:func:`agentrl.engines.checker.check_engine` verifies an implementation against it.
+
+**Async first; one way for sync callers.** Every operation that may wait is a
+coroutine, because the session server is an asyncio server and a remote engine is an
+HTTP client. Sync code (the train loop, weight sync, scripts) calls
+:func:`run_sync`, which runs one coroutine to completion on a fresh event loop in the
+calling thread, under a deadline, and raises :class:`EngineTimeoutError` naming the
+operation when it passes. Engines therefore must not bind state to one event loop for
+their lifetime (``HFEngine`` runs its own thread; ``SGLangEngine`` keeps one HTTP pool
+per loop). ``run_sync`` refuses to run inside a running loop (await the coroutine there).
+
+**Weight updates.** Three transports, each with its own typed method; an engine states
+which it serves in :attr:`Engine.capabilities`, and the trainer checks that with
+:func:`require_capability` when it is configured, so an unsupported path fails before
+any training with :class:`UnsupportedWeightUpdateError`, never mid-run:
+
+- ``state_dict``: tensors in this process (the engine copies them into its weights);
+- ``checkpoint``: a safetensors directory (or file) the engine can read;
+- ``distributed``: a ``torch.distributed`` group the engine joins
+  (``init_weights_update_group``), then buckets announced by name/dtype/shape and
+  broadcast from rank 0 (``update_weights_from_distributed``; the bucket with
+  ``flush_cache=True`` commits them all), then ``destroy_weights_update_group``.
+
+Version semantics, the same on every path: an accepted update sets the version to
+``version`` when given, else to the current version + 1, atomically for the sampler
+(no token is sampled from a half-updated model), and returns it. A rejected update
+raises :class:`WeightUpdateError` and leaves the old weights and version.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
+from agentrl.engines.errors import EngineError, EngineTimeoutError, UnsupportedWeightUpdateError
 from agentrl.types import SamplingParams
 
-__all__ = ["Engine", "FinishReason", "Generation"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "Engine",
+    "EngineCapabilities",
+    "FinishReason",
+    "Generation",
+    "WeightPath",
+    "require_capability",
+    "run_sync",
+]
 
 FinishReason = Literal["stop", "length", "abort"]
+WeightPath = Literal["state_dict", "checkpoint", "distributed"]
+T = TypeVar("T")
 
 
 @dataclass
@@ -37,19 +82,121 @@ class Generation:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """Which weight-update paths an engine serves (see the module docstring)."""
+
+    state_dict: bool
+    """``update_weights_from_state_dict``: only an engine in the trainer's process."""
+    checkpoint: bool
+    """``update_weights_from_path``: a path on a file system the engine can read."""
+    distributed: bool
+    """``init_weights_update_group`` + ``update_weights_from_distributed`` + ``destroy_weights_update_group``."""
+
+    def supports(self, path: WeightPath) -> bool:
+        return bool(getattr(self, path))
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """What every inference engine offers (embedded HF engine, SGLang adapter, ...)."""
+    """What every inference engine offers (embedded HF engine, SGLang client, ...).
+
+    ``isinstance(x, Engine)`` checks names only; :func:`~agentrl.engines.checker.check_engine`
+    checks behaviour.
+    """
 
     @property
-    def weight_version(self) -> int: ...
+    def weight_version(self) -> int:
+        """The version of the weights new tokens are sampled from (the count of updates, unless set)."""
+        ...
+
+    @property
+    def capabilities(self) -> EngineCapabilities: ...
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
-    ) -> Generation: ...
+    ) -> Generation:
+        """Sample a completion of ``input_ids``; bad input raises ``EngineRequestError`` before queueing."""
+        ...
 
-    async def update_weights(self, *args: Any, **kwargs: Any) -> int: ...
+    async def abort(self, request_id: str) -> bool:
+        """Stop a request; its ``generate`` returns the tokens so far with finish reason ``"abort"``."""
+        ...
 
-    async def abort(self, request_id: str) -> bool: ...
+    async def health(self) -> dict[str, Any]:
+        """At least ``{"status": "ok" | ...}``; never raises for an unhealthy engine that answered."""
+        ...
 
-    async def health(self) -> dict[str, Any]: ...
+    async def update_weights_from_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> int: ...
+
+    async def update_weights_from_path(
+        self, path: str | os.PathLike[str], *, version: int | None = None
+    ) -> int: ...
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+    ) -> None:
+        """Join the group as ``rank_offset``; rank 0 (the trainer) broadcasts."""
+        ...
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        weight_version: int | None = None,
+        timeout_s: float = 300.0,
+    ) -> int:
+        """Receive one bucket (rank 0 broadcasts it meanwhile); ``flush_cache`` commits all staged buckets."""
+        ...
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None: ...
+
+    def close(self) -> None:
+        """Release this side's resources (threads, connections); a remote engine keeps running."""
+        ...
+
+
+def require_capability(engine: Engine, path: WeightPath, what: str) -> None:
+    """Raise :class:`UnsupportedWeightUpdateError` now if ``engine`` cannot serve ``path``.
+
+    Called when the trainer is configured (``make_sync``), so the failure names the setting
+    instead of surfacing after the first train step.
+    """
+    caps = engine.capabilities
+    if not caps.supports(path):
+        served = [p for p in ("state_dict", "checkpoint", "distributed") if caps.supports(p)]
+        raise UnsupportedWeightUpdateError(
+            f"{what} needs weight updates by {path}, which {type(engine).__name__} does not serve "
+            f"(it serves: {', '.join(served) or 'none'}); choose a weight sync that uses one of those"
+        )
+
+
+def run_sync(coro: Coroutine[Any, Any, T], *, timeout_s: float, what: str) -> T:
+    """Run one engine coroutine from sync code under a deadline (see the module docstring)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        coro.close()
+        raise EngineError(f"{what} was called through run_sync inside a running event loop; await it instead")
+
+    async def bounded() -> T:
+        try:
+            return await asyncio.wait_for(coro, timeout_s)
+        except TimeoutError:
+            raise EngineTimeoutError(f"{what} did not finish within {timeout_s} s") from None
+
+    return asyncio.run(bounded())

@@ -44,7 +44,7 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.hf import HFEngine, parse_sampling
-from agentrl.engines.protocol import Generation
+from agentrl.engines.protocol import Engine, Generation
 from agentrl.types import SamplingParams
 
 __all__ = ["add_weight_routes", "create_app", "sampling_from_sglang"]
@@ -200,7 +200,7 @@ def _rejected(e: Exception, **extra: Any) -> JSONResponse:
     return JSONResponse({"success": False, "message": str(e), **extra}, status_code=400)
 
 
-def add_weight_routes(app: FastAPI, engine: Any) -> None:
+def add_weight_routes(app: FastAPI, engine: Engine) -> None:
     """Serve ``engine``'s weight-update API on ``app`` under SGLang's names and JSON shapes.
 
     Shared by this server and the session server (whose engine may be an :class:`HFEngine` or
@@ -235,7 +235,7 @@ def add_weight_routes(app: FastAPI, engine: Any) -> None:
                 )
             version_arg = _version_arg(body.get("weight_version"))
             paused = await abort_all() if body.get("abort_all_requests") else 0
-            version = await engine.update_weights(path=body["model_path"], version=version_arg)
+            version = await engine.update_weights_from_path(body["model_path"], version=version_arg)
         except _REJECTED as e:
             return _rejected(e, num_paused_requests=0)
         return JSONResponse(

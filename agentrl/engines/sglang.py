@@ -7,7 +7,8 @@ safe: a request that never reached the server (connection refused / connect time
 is retried with backoff; idempotent reads (``/health``, ``/get_model_info``) are also
 retried on read errors and 502/503. A generation that times out is aborted on the
 server (``/abort_request``) and raised as :class:`EngineTimeoutError`; it is never
-retried. Weight updates are never retried.
+retried. Weight updates are never retried. Sync code calls the coroutines through
+:func:`agentrl.engines.protocol.run_sync`.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from agentrl.engines.errors import (
     EngineRequestError,
     EngineTimeoutError,
     EngineUnavailableError,
+    UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
-from agentrl.engines.protocol import FinishReason, Generation
+from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation
 from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
 from agentrl.types import SamplingParams
 
@@ -244,8 +246,9 @@ class SGLangEngine:
         group_name: str = "weight_update_group",
         bucket_bytes: int = 512 << 20,
     ) -> int:
-        """From a safetensors directory the server can read (``path``), or broadcast ``state_dict``
-        through a group made by :meth:`connect_weights_update_group`. Returns the new version."""
+        """Shorthand (not part of the protocol): from a safetensors directory the server can read
+        (``path``), or broadcast ``state_dict`` through a group made by
+        :meth:`connect_weights_update_group`. Returns the new version."""
         if (state_dict is None) == (path is None):
             raise WeightUpdateError("update_weights needs exactly one of state_dict=... or path=...")
         if path is not None:
@@ -254,6 +257,27 @@ class SGLangEngine:
         return await self.broadcast_weights(
             state_dict, group_name=group_name, bucket_bytes=bucket_bytes, version=version
         )
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """A path the server can read, or a ``torch.distributed`` group; no in-process state dict."""
+        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=True)
+
+    async def update_weights_from_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> int:
+        """Not served: the engine runs in another process (use a checkpoint path or a group)."""
+        raise UnsupportedWeightUpdateError(
+            f"{self.base_url} is a remote engine and cannot take an in-process state dict; write it "
+            "with save_weights_dir and call update_weights_from_path, or broadcast it through "
+            "connect_weights_update_group + broadcast_weights"
+        )
+
+    async def update_weights_from_path(
+        self, path: str | os.PathLike[str], *, version: int | None = None
+    ) -> int:
+        """``/update_weights_from_disk``: the server reads the safetensors at ``path``."""
+        return await self.update_weights_from_disk(path, version=version)
 
     async def update_weights_from_disk(
         self, path: str | os.PathLike[str], *, version: int | None = None, abort_all_requests: bool = False
@@ -265,35 +289,6 @@ class SGLangEngine:
             "abort_all_requests": abort_all_requests,
         }
         resp = await self._call("POST", "/update_weights_from_disk", body)
-        self._raise_weight_update(resp, "/update_weights_from_disk")
-        self._version = new_version
-        return new_version
-
-    def update_weights_sync(
-        self,
-        state_dict: Mapping[str, torch.Tensor] | None = None,
-        *,
-        path: str | os.PathLike[str] | None = None,
-        version: int | None = None,
-        timeout: float | None = None,
-    ) -> int:
-        """Blocking ``/update_weights_from_disk`` for sync code (broadcasts need the async API)."""
-        if state_dict is not None or path is None:
-            raise WeightUpdateError(
-                "update_weights_sync on a remote engine takes path=... only; broadcast a state_dict with "
-                "await connect_weights_update_group(...) and await update_weights(state_dict=...)"
-            )
-        new_version = self._version + 1 if version is None else version
-        body = {"model_path": str(path), "weight_version": str(new_version)}
-        url = f"{self.base_url}/update_weights_from_disk"
-        try:
-            resp = httpx.post(url, json=body, headers=self._headers, timeout=timeout or self.timeout_s)
-        except httpx.TimeoutException as e:
-            raise EngineTimeoutError(
-                f"POST {url} exceeded its deadline of {timeout or self.timeout_s} s"
-            ) from e
-        except httpx.HTTPError as e:
-            raise EngineUnavailableError(f"POST {url} failed: {type(e).__name__}: {e}") from e
         self._raise_weight_update(resp, "/update_weights_from_disk")
         self._version = new_version
         return new_version
@@ -450,6 +445,10 @@ class SGLangEngine:
         if group is not None:
             destroy_weight_update_group(group)
         self._raise_weight_update(resp, "/destroy_weights_update_group")
+
+    def close(self) -> None:
+        """Forget this side's HTTP pools (their connections close with their event loops)."""
+        self._clients.clear()
 
     async def aclose(self) -> None:
         entry = self._clients.pop(id(asyncio.get_running_loop()), None)

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import random
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from agentrl.engines.protocol import Engine
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.trainer import advantages as A
 from agentrl.trainer import losses as L
@@ -47,7 +49,7 @@ from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
 from agentrl.trainer.pipeline import RolloutAhead
 from agentrl.trainer.rollout import RolloutManager, RolloutResult, merge_results, turn_limit
 from agentrl.trainer.sft import SFT_SEED_OFFSET, oracle_examples, sft_batches
-from agentrl.trainer.weight_sync import make_sync
+from agentrl.trainer.weight_sync import WeightSync, make_sync
 
 __all__ = ["RunSummary", "Runtime", "build_runtime", "evaluate", "run_sft", "train"]
 
@@ -71,7 +73,7 @@ class Runtime:
     device: str
     tokenizer: Any
     policy: Any
-    engine: Any
+    engine: Engine
     sessions: Any
     env_factory: Any
     rollout: RolloutManager
@@ -155,7 +157,7 @@ def build_runtime(cfg: TrainConfig, model_path: str | None = None, ranks: Ranks 
     path = resolve(name)
     tokenizer = load_tokenizer(path)
     sessions: Any
-    engine: Any
+    engine: Engine
     if cfg.rollout.session_url:  # episodes and weight syncs go to the session server's engine
         from agentrl.trainer.remote_sessions import connect_session_server
 
@@ -221,12 +223,18 @@ def _reward_max(rt: Runtime) -> float:
 
 
 def run_sft(
-    rt: Runtime, log: MetricsLogger | None = None, progress: Any = None, backend: FSDP2Backend | None = None
+    rt: Runtime,
+    log: MetricsLogger | None = None,
+    progress: Any = None,
+    backend: FSDP2Backend | None = None,
+    sync: WeightSync | None = None,
 ) -> dict[str, float]:
     """The supervised warm start on oracle episodes; returns its last metrics.
 
     With ``backend`` (the RL backend, possibly sharded) the warm start trains through it with
-    its own optimizer, and the caller resets the optimizer for RL afterwards.
+    its own optimizer, and the caller resets the optimizer for RL afterwards. The trained
+    weights reach the engine as version 0 through ``sync`` (the run's weight sync), or through
+    one made here for ``run.weight_sync`` and closed after the push.
     """
     c = rt.cfg
     t0 = time.perf_counter()
@@ -256,7 +264,15 @@ def run_sft(
             progress.update(
                 task, advance=1, info=f"loss {stats['loss']:.3f}  tok-acc {stats.get('token_acc', 0):.2f}"
             )
-    rt.engine.update_weights_sync(state_dict=be.state_dict(all_ranks=True), version=0, timeout=300)
+    own = sync is None
+    if sync is None:
+        root = Path(c.run.run_dir) if c.run.run_dir else Path(tempfile.mkdtemp(prefix="agentrl-sft-"))
+        sync = make_sync(c.run.weight_sync, rt.engine, root)
+    try:
+        sync.push(be.state_dict(all_ranks=True), version=0)
+    finally:
+        if own:
+            sync.close()
     stats["seconds"] = time.perf_counter() - t0
     stats["examples"] = float(len(examples))
     return stats
@@ -460,11 +476,13 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
         console=console,
         disable=not (cfg.run.progress and ranks.main),
     )
-    sync: Any = None
+    sync: WeightSync | None = None
     ahead: RolloutAhead | None = None
     try:
         with progress:
             start_step = 0
+            # checked here, before any training: the engine must serve the configured transport
+            sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir)
             be = FSDP2Backend(
                 rt.policy,
                 cfg.algo,
@@ -480,14 +498,10 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 start_step = int(extra["step"])
                 random.setstate(extra["rng"]["python"])
                 torch.set_rng_state(extra["rng"]["torch"])
-                rt.engine.update_weights_sync(
-                    state_dict=be.state_dict(all_ranks=True),
-                    version=int(extra["engine_version"]),
-                    timeout=300,
-                )
+                sync.push(be.state_dict(all_ranks=True), version=int(extra["engine_version"]))
                 console.print(f"resumed from {cfg.run.resume} at step {start_step}")
             elif cfg.run.sft_steps:
-                sft = run_sft(rt, log, progress, backend=be)
+                sft = run_sft(rt, log, progress, backend=be, sync=sync)
                 be.reset_optimizer(cfg.optim)  # the RL optimizer starts fresh after the warm start
                 console.print(
                     f"warm start: {cfg.run.sft_steps} SFT steps on {int(sft['examples'])} oracle episodes, "
@@ -499,7 +513,6 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 ref = load_model(resolve(cfg.model.model)).float()
                 ref.load_state_dict(be.state_dict(all_ranks=True))
                 be.set_reference(ref)
-            sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir)
             if start_step == 0:
                 ev = evaluate(rt)
                 log.log("eval", 0, ev)

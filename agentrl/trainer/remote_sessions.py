@@ -7,6 +7,7 @@ engine, and every weight sync goes to that engine::
     sessions, engine = connect_session_server(cfg, tokenizer, model_name)
     RolloutManager(env_factory, sessions, ...)       # RemoteSessions: the SessionManager surface
     make_sync("disk", engine, run_dir)               # RemoteSessionEngine: SGLangEngine(session_url)
+                                                     # (or "broadcast"; it takes no in-process state dict)
 
 :class:`RemoteSessions` offers exactly what :class:`~agentrl.trainer.rollout.RolloutManager`
 and the supervised warm start use of a :class:`~agentrl.session.manager.SessionManager`:
@@ -27,19 +28,15 @@ infrastructure error.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
-import torch
 
+from agentrl.engines.protocol import run_sync
 from agentrl.engines.sglang import SGLangEngine
 from agentrl.errors import ConfigError
 from agentrl.session.client import raise_for_status
@@ -290,53 +287,34 @@ class RemoteSessions:
 class RemoteSessionEngine(SGLangEngine):
     """``SGLangEngine`` pointed at a session server: the target of weight sync in a remote run.
 
-    Adds what the trainer asks of ``Runtime.engine`` beyond SGLang's API: ``update_weights_sync``
-    also takes a ``state_dict`` (written as safetensors into ``staging_dir``, which the server
-    must be able to read, then loaded with ``/update_weights_from_disk`` and removed), and
-    ``close``.
+    The engine protocol is SGLang's (a checkpoint path the server can read, or a
+    ``torch.distributed`` group; weight sync picks one); this class only remembers the weight
+    groups the server joined for this trainer, so :meth:`close` can leave them.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        staging_dir: str | os.PathLike[str] | None = None,
-        sessions: RemoteSessions | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, base_url: str, *, sessions: RemoteSessions | None = None, **kwargs: Any) -> None:
         super().__init__(base_url, **kwargs)
-        self.staging_dir = Path(staging_dir) if staging_dir else None
         self._sessions = sessions
         self._joined: set[str] = set()  # weight groups the server joined for this trainer
 
-    async def init_weights_update_group(self, *args: Any, **kwargs: Any) -> None:
-        await super().init_weights_update_group(*args, **kwargs)
-        self._joined.add(str(kwargs.get("group_name", args[4] if len(args) > 4 else "weight_update_group")))
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+    ) -> None:
+        await super().init_weights_update_group(
+            master_address, master_port, rank_offset, world_size, group_name, backend, timeout_s
+        )
+        self._joined.add(group_name)
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         self._joined.discard(group_name)
         await super().destroy_weights_update_group(group_name)
-
-    def update_weights_sync(
-        self,
-        state_dict: Mapping[str, torch.Tensor] | None = None,
-        *,
-        path: str | os.PathLike[str] | None = None,
-        version: int | None = None,
-        timeout: float | None = None,
-    ) -> int:
-        if state_dict is None or path is not None:
-            return super().update_weights_sync(state_dict, path=path, version=version, timeout=timeout)
-        from agentrl.trainer.weight_sync import save_weights_dir
-
-        root = self.staging_dir or Path(tempfile.gettempdir())
-        root.mkdir(parents=True, exist_ok=True)
-        staged = Path(tempfile.mkdtemp(prefix="staged-weights-", dir=root))
-        try:
-            save_weights_dir(state_dict, staged / "model")
-            return super().update_weights_sync(path=staged / "model", version=version, timeout=timeout)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)  # the server has loaded it (or rejected it)
 
     def close(self) -> None:
         """Leave the weight groups still joined and close this side's connections.
@@ -346,11 +324,12 @@ class RemoteSessionEngine(SGLangEngine):
         """
         for name in sorted(self._joined):
             try:
-                asyncio.run(self.destroy_weights_update_group(name))
+                run_sync(self.destroy_weights_update_group(name), timeout_s=60.0, what=f"leaving {name!r}")
             except Exception:  # noqa: BLE001 - best effort at shutdown; the server may be gone
                 self._joined.discard(name)
         if self._sessions is not None:
             self._sessions.shutdown()
+        super().close()
 
 
 def connect_session_server(
@@ -387,7 +366,6 @@ def connect_session_server(
         )
     engine = RemoteSessionEngine(
         url,
-        staging_dir=Path(cfg.run.run_dir) / "weights-staging" if cfg.run.run_dir else None,
         timeout_s=max(300.0, r.episode_timeout_s),
         weight_version=int(sessions.info.get("weight_version", 0)),
         sessions=sessions,

@@ -12,6 +12,12 @@ Three transports behind one ``push(state_dict) -> SyncResult``:
   names/dtypes/shapes first (SGLang's ``update_weights_from_distributed`` protocol).
   Intermediate buckets are staged by the engine and committed by the last one.
 
+Every push into an engine goes through here: the RL step's sync, and also the warm
+start and the resume, which set an explicit ``version``. Each transport calls only the
+:class:`~agentrl.engines.protocol.Engine` protocol (through ``run_sync`` from this sync
+code) and checks the engine's ``capabilities`` when it is built, so a transport the
+engine cannot serve fails at setup with ``UnsupportedWeightUpdateError``.
+
 The version bump is atomic: the engine applies a whole update (all buckets) at once
 and returns the new version, which must equal the version asked for, else
 :class:`WeightSyncError`. Every push is timed (``seconds``, ``bytes``).
@@ -30,6 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
+from agentrl.engines.protocol import Engine, require_capability, run_sync
 from agentrl.trainer.errors import WeightSyncError
 
 __all__ = [
@@ -52,7 +59,9 @@ class SyncResult:
 
 
 class WeightSync(Protocol):
-    def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult: ...
+    def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
+        """Push the weights; the engine's version becomes ``version``, else its current version + 1."""
+        ...
 
     def close(self) -> None: ...
 
@@ -61,32 +70,32 @@ def _nbytes(sd: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in sd.values())
 
 
-def _run(coro: Any) -> Any:
-    """Run a coroutine from sync code whether or not an event loop is running in this thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    raise WeightSyncError("push() was called inside a running event loop; call apush() instead")
-
-
-def _check(engine: Any, got: int, want: int, how: str) -> int:
+def _check(engine: Engine, got: int, want: int, how: str) -> int:
     if got != want:
         raise WeightSyncError(f"{how} weight sync: engine reports version {got}, expected {want}")
     return got
 
 
-class InProcessSync:
-    """Copy tensors straight into an in-process engine (``engine.update_weights_sync``)."""
+def _target(engine: Engine, version: int | None) -> int:
+    return engine.weight_version + 1 if version is None else version
 
-    def __init__(self, engine: Any, timeout_s: float = 300.0) -> None:
+
+class InProcessSync:
+    """Copy tensors straight into an in-process engine (``update_weights_from_state_dict``)."""
+
+    def __init__(self, engine: Engine, timeout_s: float = 300.0) -> None:
+        require_capability(engine, "state_dict", "run.weight_sync='inprocess'")
         self.engine, self.timeout_s = engine, timeout_s
 
-    def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
+    def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
         t0 = time.perf_counter()
-        want = self.engine.weight_version + 1
+        want = _target(self.engine, version)
         try:
-            got = self.engine.update_weights_sync(state_dict=state_dict, version=want, timeout=self.timeout_s)
+            got = run_sync(
+                self.engine.update_weights_from_state_dict(state_dict, version=want),
+                timeout_s=self.timeout_s,
+                what=f"in-process weight update to version {want}",
+            )
         except Exception as e:  # noqa: BLE001 - any engine failure leaves the old weights
             raise WeightSyncError(f"in-process weight sync to version {want} failed: {e}") from e
         return SyncResult(
@@ -100,17 +109,22 @@ class InProcessSync:
 class DiskSync:
     """Write safetensors to ``root/vN`` (atomically renamed into place), then the engine reloads it."""
 
-    def __init__(self, engine: Any, root: str | Path, keep: int = 1, timeout_s: float = 300.0) -> None:
+    def __init__(self, engine: Engine, root: str | Path, keep: int = 1, timeout_s: float = 300.0) -> None:
+        require_capability(engine, "checkpoint", "run.weight_sync='disk'")
         self.engine, self.root, self.keep, self.timeout_s = engine, Path(root), keep, timeout_s
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
+    def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
         t0 = time.perf_counter()
-        want = self.engine.weight_version + 1
+        want = _target(self.engine, version)
         final = self.root / f"v{want}"
         tensors = save_weights_dir(state_dict, final)
         try:
-            got = self.engine.update_weights_sync(path=final, version=want, timeout=self.timeout_s)
+            got = run_sync(
+                self.engine.update_weights_from_path(final, version=want),
+                timeout_s=self.timeout_s,
+                what=f"weight update from {str(final)!r}",
+            )
         except Exception as e:  # noqa: BLE001
             raise WeightSyncError(f"disk weight sync from {str(final)!r} failed: {e}") from e
         for old in sorted(self.root.glob("v*"), key=lambda p: int(p.name[1:]))[: -self.keep]:
@@ -124,14 +138,14 @@ class DiskSync:
 class BroadcastSync:
     """Broadcast in buckets over a dedicated process group to an engine joined as rank 1.
 
-    ``engine`` offers the SGLang-style async methods (``init_weights_update_group``,
+    Uses the protocol's distributed path (``init_weights_update_group``,
     ``update_weights_from_distributed``, ``destroy_weights_update_group``): the embedded
-    engine does, and so does an HTTP client of a separate engine process.
+    engine serves it, and so does an HTTP client of a separate engine process.
     """
 
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         *,
         master_address: str = "127.0.0.1",
         master_port: int = 0,
@@ -145,6 +159,7 @@ class BroadcastSync:
             timeout_s,
             group_name,
         )
+        require_capability(engine, "distributed", "run.weight_sync='broadcast'")
         port = master_port or _free_port(master_address)
 
         async def setup() -> Any:
@@ -156,20 +171,30 @@ class BroadcastSync:
             return group
 
         try:
-            self.group = asyncio.run(setup())
+            self.group = run_sync(
+                setup(), timeout_s=timeout_s + 30, what=f"weight group rendezvous at {master_address}:{port}"
+            )
         except Exception as e:  # noqa: BLE001
             raise WeightSyncError(
                 f"could not set up the broadcast group at {master_address}:{port}: {e}"
             ) from e
 
-    def push(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
-        return _run(self.apush(state_dict))
+    def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
+        if _in_event_loop():
+            raise WeightSyncError("push() was called inside a running event loop; await apush() instead")
+        return run_sync(
+            self.apush(state_dict, version=version),
+            timeout_s=self.timeout_s * 2 + 60,  # apush bounds each bucket by timeout_s itself
+            what="broadcast weight sync",
+        )
 
-    async def apush(self, state_dict: Mapping[str, torch.Tensor]) -> SyncResult:
+    async def apush(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> SyncResult:
         from agentrl.engines.weights import bucket_tensors, dtype_name
 
         t0 = time.perf_counter()
-        want = self.engine.weight_version + 1
+        want = _target(self.engine, version)
         buckets = list(
             bucket_tensors(
                 {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, self.bucket_bytes
@@ -212,7 +237,11 @@ class BroadcastSync:
                 )
 
     def close(self) -> None:
-        asyncio.run(self.engine.destroy_weights_update_group(self.group_name))
+        run_sync(
+            self.engine.destroy_weights_update_group(self.group_name),
+            timeout_s=self.timeout_s,
+            what=f"leaving weight group {self.group_name!r}",
+        )
 
 
 def _trainer_group(host: str, port: int, world_size: int, timeout_s: float, group_name: str) -> Any:
@@ -271,6 +300,14 @@ def _dedupe_tied(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
     return out
 
 
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _free_port(host: str) -> int:
     import socket
 
@@ -279,7 +316,8 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def make_sync(kind: str, engine: Any, run_dir: str | Path) -> WeightSync:
+def make_sync(kind: str, engine: Engine, run_dir: str | Path) -> WeightSync:
+    """The transport for ``run.weight_sync``; raises ``UnsupportedWeightUpdateError`` if the engine lacks it."""
     if kind == "inprocess":
         return InProcessSync(engine)
     if kind == "disk":

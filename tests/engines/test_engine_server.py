@@ -24,6 +24,7 @@ from agentrl.engines import (
     InvalidSamplingError,
     InvalidTokenError,
     WeightUpdateError,
+    run_sync,
 )
 from agentrl.engines.launcher import SGLangServer, launch_server, launch_sglang_server, sglang_command
 from agentrl.engines.sglang import SGLangEngine
@@ -257,10 +258,11 @@ def test_client_works_across_event_loops_and_from_sync_code(
     )  # a new loop: the client must not reuse dead connections
     assert first.output_ids == second.output_ids
     current = int(httpx.get(f"{server.base_url}/get_weight_version").json()["weight_version"])
-    assert eng.update_weights_sync(path=weights_dirs[0], version=current + 1) == current + 1
+    update = eng.update_weights_from_path(weights_dirs[0], version=current + 1)
+    assert run_sync(update, timeout_s=60, what="update") == current + 1
     assert httpx.get(f"{server.base_url}/get_weight_version").json() == {"weight_version": str(current + 1)}
-    with pytest.raises(WeightUpdateError, match="path=... only"):
-        eng.update_weights_sync(state_dict={})
+    with pytest.raises(WeightUpdateError, match="cannot take an in-process state dict"):
+        run_sync(eng.update_weights_from_state_dict({}), timeout_s=60, what="update")
 
 
 @pytest.mark.parametrize(

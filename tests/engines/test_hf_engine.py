@@ -19,6 +19,7 @@ from agentrl.engines import (
     InvalidSamplingError,
     InvalidTokenError,
     WeightUpdateError,
+    run_sync,
 )
 from agentrl.engines.sampling import SamplingBatch, filtered_logprobs
 from agentrl.types import SamplingParams
@@ -285,7 +286,8 @@ def test_sync_api_for_scripts(model: torch.nn.Module) -> None:
     with HFEngine(model, device="cpu", stop_on_eos=False) as eng:
         g = eng.generate_sync([1, 2, 3], {"max_new_tokens": 5, "seed": 3})
         assert len(g.output_ids) == 5
-        assert eng.update_weights_sync(state_dict=tiny_qwen2(seed=1).state_dict()) == 1
+        update = eng.update_weights_from_state_dict(tiny_qwen2(seed=1).state_dict())
+        assert run_sync(update, timeout_s=60, what="update") == 1
     with pytest.raises(Exception, match="closed"):
         eng.generate_sync([1], {"max_new_tokens": 1})
 

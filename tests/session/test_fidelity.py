@@ -91,8 +91,9 @@ class RecordingEngine:
         self.calls.setdefault(sid, []).append((list(input_ids), gen))
         return gen
 
-    async def update_weights(self, *args: Any, **kwargs: Any) -> int:
-        return int(await self.inner.update_weights(*args, **kwargs))
+    def __getattr__(self, name: str) -> Any:
+        """The rest of the Engine protocol (capabilities, weight updates, close) goes to the engine."""
+        return getattr(self.inner, name)
 
     async def abort(self, request_id: str) -> bool:
         return bool(await self.inner.abort(request_id))

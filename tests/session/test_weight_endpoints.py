@@ -10,7 +10,7 @@ import httpx
 import pytest
 import torch
 
-from agentrl.engines import HFEngine, WeightUpdateError
+from agentrl.engines import HFEngine, WeightUpdateError, run_sync
 from agentrl.engines.sglang import SGLangEngine
 from agentrl.session.manager import SessionManager
 from agentrl.session.server import BackgroundServer, create_app
@@ -70,7 +70,8 @@ def test_update_from_disk_through_sglang_client_changes_the_served_model(
     new = _perturbed(engine, seed=1)
     save_weights_dir(new, tmp_path / "w")
     v = client.weight_version
-    assert client.update_weights_sync(path=tmp_path / "w", version=v + 1) == v + 1
+    update = client.update_weights_from_path(tmp_path / "w", version=v + 1)
+    assert run_sync(update, timeout_s=60, what="update") == v + 1
     assert _version(url) == v + 1 == engine.weight_version
     _assert_engine_holds(engine, new)
     after = _greedy_logprobs(url)
@@ -152,10 +153,10 @@ def test_bad_json_and_a_rejected_disk_update_raise_in_the_client(
     assert r.status_code == 400 and "not valid JSON" in r.json()["message"]
     client = SGLangEngine(url, timeout_s=30, weight_version=_version(url))
     with pytest.raises(WeightUpdateError, match="rejected the update"):
-        client.update_weights_sync(path="/nonexistent/weights")
+        run_sync(client.update_weights_from_path("/nonexistent/weights"), timeout_s=30, what="update")
     wrong = {k: torch.zeros(3, 3) for k in list(engine.model.state_dict())[:2]}
     save_weights_dir(wrong, tmp_path / "wrong")
     v = _version(url)
     with pytest.raises(WeightUpdateError, match="shape"):
-        client.update_weights_sync(path=tmp_path / "wrong")
+        run_sync(client.update_weights_from_path(tmp_path / "wrong"), timeout_s=30, what="update")
     assert _version(url) == v
