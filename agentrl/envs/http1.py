@@ -107,6 +107,7 @@ class Http1Connection:
         self._head = f"Host: {parts.netloc.rpartition('@')[2]}\r\n".encode("ascii")
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self._proto: _Protocol | None = None
+        self._lock = asyncio.Lock()  # one request in flight: HTTP/1.1 answers come back in order
 
     async def connect(self) -> None:
         """Open the connection unless a live one is kept; a no-op on the hot path."""
@@ -125,7 +126,14 @@ class Http1Connection:
             self._proto = proto
 
     async def request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes, str]:
-        """Send one request and wait for its whole answer: ``(status, body, Retry-After or "")``."""
+        """Send one request and wait for its whole answer: ``(status, body, Retry-After or "")``.
+
+        Concurrent callers are served one after another (an episode normally sends one at a time).
+        """
+        async with self._lock:
+            return await self._request(method, path, body)
+
+    async def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes, str]:
         await self.connect()
         proto = self._proto
         assert proto is not None and proto.transport is not None

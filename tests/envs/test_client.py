@@ -160,3 +160,14 @@ def test_http1_read_deadline() -> None:
         server.close()
 
     asyncio.run(main())
+
+
+def test_http1_concurrent_callers_share_the_connection_in_turn(url: str) -> None:
+    async def main() -> list[int]:
+        conn = Http1Connection(url, connect_timeout=5, read_timeout=2)
+        await conn.connect()  # so that all five go over the one connection
+        answers = await asyncio.gather(*(conn.request("GET", "/health", None) for _ in range(5)))
+        conn.close()
+        return [status for status, _, _ in answers]
+
+    assert asyncio.run(main()) == [200] * 5
