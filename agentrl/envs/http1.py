@@ -140,6 +140,8 @@ class Http1Connection:
         head = f"{method} {self._prefix}{path} HTTP/1.1\r\n".encode() + self._head
         if body is not None:
             head += b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+        elif method not in ("GET", "HEAD", "DELETE"):  # a bodiless POST says so, as httpx does
+            head += b"Content-Length: 0\r\n"
         proto.answer = asyncio.get_running_loop().create_future()
         done = False
         try:

@@ -141,6 +141,7 @@ def test_http1_chunked_close_and_idle_close_reconnect() -> None:
         server.close()
         assert seen[0].startswith(b"POST /base/x HTTP/1.1\r\n") and seen[0].endswith(b'\r\n\r\n{"k":1}')
         assert b"Content-Length: 7\r\n" in seen[0] and seen[2].startswith(b"DELETE /base/z ")
+        assert b"Content-Length" not in seen[1]
 
     asyncio.run(main())
 
