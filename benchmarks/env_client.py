@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -153,16 +152,7 @@ def main() -> None:
     )
     rows: list[tuple[int, list[dict[str, Any]], list[dict[str, Any]]]] = []
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    err = server.stderr.read().decode() if server.stderr else ""
-                    raise SystemExit(f"env server did not start: {err}") from None
-                time.sleep(0.1)
+        raw.wait_listening(server, port)
         for c in args.levels:
             rounds = [_round(port, c, args.seconds, i) for i in range(args.repeat)]
             rows.append((c, [r[0] for r in rounds], [r[1] for r in rounds]))

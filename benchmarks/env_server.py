@@ -203,6 +203,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_listening(server: subprocess.Popen[bytes], port: int, deadline_s: float = 30.0) -> None:
+    """Wait until the server process listens on ``port``; exit naming its stderr if it dies or times out."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                err = server.stderr.read().decode() if server.stderr else ""
+                raise SystemExit(f"env server did not start: {err}") from None
+            time.sleep(0.1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -244,16 +258,7 @@ def main() -> None:
         env={**os.environ},
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    err = server.stderr.read().decode() if server.stderr else ""
-                    raise SystemExit(f"env server did not start: {err}") from None
-                time.sleep(0.1)
+        wait_listening(server, port)
         runs = [[asyncio.run(_load(port, c, args.seconds)) for c in args.levels] for _ in range(args.repeat)]
         rows = [_median_row([run[i] for run in runs]) for i in range(len(args.levels))]
     finally:
