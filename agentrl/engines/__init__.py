@@ -7,9 +7,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from agentrl.engines.checker import check_engine
 from agentrl.engines.errors import (
     ContextLengthError,
     EngineCheckError,
@@ -22,8 +21,6 @@ from agentrl.engines.errors import (
     UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
-from agentrl.engines.hf import HFEngine
-from agentrl.engines.launcher import launch_sglang_server
 from agentrl.engines.protocol import (
     Engine,
     EngineCapabilities,
@@ -32,7 +29,12 @@ from agentrl.engines.protocol import (
     require_capability,
     run_sync,
 )
-from agentrl.engines.sglang import SGLangEngine
+
+if TYPE_CHECKING:
+    from agentrl.engines.checker import check_engine
+    from agentrl.engines.hf import HFEngine
+    from agentrl.engines.launcher import launch_sglang_server
+    from agentrl.engines.sglang import SGLangEngine
 
 __all__ = [
     "ContextLengthError",
@@ -56,6 +58,26 @@ __all__ = [
     "require_capability",
     "run_sync",
 ]
+
+
+# Imported on first use: the engines pull in torch and transformers, which the CLI must not pay
+# for at start-up (``agentrl --help``, ``agentrl envs``).
+_LAZY = {
+    "HFEngine": "agentrl.engines.hf",
+    "SGLangEngine": "agentrl.engines.sglang",
+    "check_engine": "agentrl.engines.checker",
+    "launch_sglang_server": "agentrl.engines.launcher",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'agentrl.engines' has no attribute {name!r}")
 
 
 if TYPE_CHECKING:  # mypy proves both engines satisfy the protocol's signatures
