@@ -90,8 +90,8 @@ class RolloutAhead:
             return fut.result(timeout=limit)
         except concurrent.futures.TimeoutError:
             raise TrainerError(
-                f"{what} did not finish within {limit:.0f} s ({ahead} rollout-thread job(s) of at most "
-                f"{self.timeout_s:.0f} s each); an episode or the engine is stuck: check the env and engine logs, "
+                f"{what} did not finish within {limit:g} s ({ahead} rollout-thread job(s) of at most "
+                f"{self.timeout_s:g} s each); an episode or the engine is stuck: check the env and engine logs, "
                 "or raise rollout.episode_timeout_s"
             ) from None
 

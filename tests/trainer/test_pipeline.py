@@ -80,7 +80,7 @@ def test_a_stuck_rollout_hits_the_deadline_and_close_does_not_wait_for_it():
     ahead = RolloutAhead(lambda s: release.wait(30), first=0, end=3, max_staleness=1, timeout_s=0.2)
     t0 = time.perf_counter()
     with pytest.raises(
-        TrainerError, match=r"the rollout of step 0 did not finish within 0 s .*episode_timeout_s"
+        TrainerError, match=r"the rollout of step 0 did not finish within 0.2 s .*episode_timeout_s"
     ):
         ahead.take(0)
     ahead.close()
