@@ -85,20 +85,11 @@ async def _remote_load(port: int, concurrency: int, seconds: float) -> dict[str,
     url = f"http://127.0.0.1:{port}"
     latencies: list[float] = []
     errors: list[str] = []
-    stop_at = [float("inf")]
-    go = asyncio.Event()
-    readies = [asyncio.Event() for _ in range(concurrency)]
-    workers = []
-    for i in range(concurrency):  # open in batches, as the raw generator does (accept backlog)
-        workers.append(asyncio.create_task(_remote_worker(url, stop_at, latencies, errors, readies[i], go)))
-        if i % 100 == 99:
-            await asyncio.gather(*(r.wait() for r in readies[: i + 1]))
-    await asyncio.gather(*(r.wait() for r in readies))
-    start = time.perf_counter()
-    stop_at[0] = start + seconds
-    go.set()
-    await asyncio.gather(*workers, return_exceptions=True)
-    elapsed = time.perf_counter() - start  # like the raw generator's: includes closing the episodes
+    elapsed = await raw.drive(  # the raw generator's driver: same batching, same clock
+        concurrency,
+        seconds,
+        lambda stop_at, ready, go: _remote_worker(url, stop_at, latencies, errors, ready, go),
+    )
     total = len(latencies) + len(errors)
     return {
         "concurrency": concurrency,

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -130,15 +131,22 @@ async def _episode_worker(
     writer.close()
 
 
-async def _load(port: int, concurrency: int, seconds: float) -> dict[str, Any]:
-    latencies: list[float] = []
-    errors: list[str] = []
+WorkerFactory = Callable[[list[float], asyncio.Event, asyncio.Event], Coroutine[Any, Any, None]]
+
+
+async def drive(concurrency: int, seconds: float, worker: WorkerFactory) -> float:
+    """Start ``concurrency`` workers, release them together, let them run ``seconds``; the elapsed time.
+
+    A worker gets ``(stop_at, ready, go)``: it sets ``ready`` once its episode is open, waits for
+    ``go``, and works until ``stop_at[0]``. Workers open in batches of 100 so the server's accept
+    backlog never overflows. The elapsed time includes the workers' closing of their episodes.
+    """
     stop_at = [float("inf")]
     go = asyncio.Event()
     readies = [asyncio.Event() for _ in range(concurrency)]
     workers = []
-    for i in range(concurrency):  # open connections in batches so the accept backlog never overflows
-        workers.append(asyncio.create_task(_episode_worker(port, stop_at, latencies, errors, readies[i], go)))
+    for i in range(concurrency):
+        workers.append(asyncio.create_task(worker(stop_at, readies[i], go)))
         if i % 100 == 99:
             await asyncio.gather(*(r.wait() for r in readies[: i + 1]))
     await asyncio.gather(*(r.wait() for r in readies))
@@ -146,7 +154,17 @@ async def _load(port: int, concurrency: int, seconds: float) -> dict[str, Any]:
     stop_at[0] = start + seconds
     go.set()
     await asyncio.gather(*workers, return_exceptions=True)
-    elapsed = time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+async def _load(port: int, concurrency: int, seconds: float) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors: list[str] = []
+    elapsed = await drive(
+        concurrency,
+        seconds,
+        lambda stop_at, ready, go: _episode_worker(port, stop_at, latencies, errors, ready, go),
+    )
     lat = sorted(latencies)
 
     def q(p: float) -> float:
