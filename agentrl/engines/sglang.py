@@ -33,7 +33,7 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
-from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation
+from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, run_sync
 from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
 from agentrl.types import SamplingParams
 
@@ -88,6 +88,7 @@ class SGLangEngine:
         self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
         self._version = weight_version
         self._groups: dict[str, Any] = {}
+        self._joined: set[str] = set()  # weight groups the server joined for this client; close() leaves them
 
     @property
     def weight_version(self) -> int:
@@ -326,6 +327,7 @@ class SGLangEngine:
         }
         resp = await self._call("POST", "/init_weights_update_group", body, timeout_s=timeout_s + 10)
         self._raise_weight_update(resp, "/init_weights_update_group")
+        self._joined.add(group_name)
 
     async def update_weights_from_distributed(
         self,
@@ -438,6 +440,7 @@ class SGLangEngine:
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         from agentrl.engines.weights import destroy_weight_update_group
 
+        self._joined.discard(group_name)
         resp = await self._call(
             "POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout_s=60.0
         )
@@ -447,7 +450,17 @@ class SGLangEngine:
         self._raise_weight_update(resp, "/destroy_weights_update_group")
 
     def close(self) -> None:
-        """Forget this side's HTTP pools (their connections close with their event loops)."""
+        """Leave the weight groups the server joined for this client, then forget the HTTP pools.
+
+        The server lives on after this client (a session server serves the next run, which
+        could not join a group of the same name while this one's is still registered there).
+        Leaving is best effort: the server may already be gone. Pools close with their loops.
+        """
+        for name in sorted(self._joined):
+            try:
+                run_sync(self.destroy_weights_update_group(name), timeout_s=60.0, what=f"leaving {name!r}")
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                self._joined.discard(name)
         self._clients.clear()
 
     async def aclose(self) -> None:

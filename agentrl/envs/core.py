@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -125,6 +125,11 @@ class Env(gymnasium.Env[list[Message], Message]):
     max_turns: int = 1
     reward_range: tuple[float, float] = (0.0, 1.0)
     deterministic: bool = True
+    inline_steps: ClassVar[bool] = False
+    """True when ``reset`` and ``step`` are pure computation well under a millisecond (no I/O,
+    no sleeps, no subprocesses, no tools that wait): ``areset``/``astep`` then run them on the
+    caller's event loop instead of handing each call to a worker thread. Leave it False for
+    anything that may block; a blocking step set inline stalls every episode of the loop."""
     observation_space = MessagesSpace()
     action_space = MessageSpace()
 
@@ -217,11 +222,15 @@ class Env(gymnasium.Env[list[Message], Message]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        """``reset`` in a worker thread, so sync env code never blocks the event loop."""
+        """``reset`` in a worker thread, so sync env code never blocks the event loop (inline if ``inline_steps``)."""
+        if self.inline_steps:
+            return self.reset(seed=seed, options=options)
         return await asyncio.to_thread(self.reset, seed=seed, options=options)
 
     async def astep(self, action: Message) -> StepResult:
-        """``step`` in a worker thread, so sync env code never blocks the event loop."""
+        """``step`` in a worker thread, so sync env code never blocks the event loop (inline if ``inline_steps``)."""
+        if self.inline_steps:
+            return self.step(action)
         return await asyncio.to_thread(self.step, action)
 
 

@@ -1,13 +1,15 @@
 """Token-ledger sessions: server-owned tokenization with exact multi-turn tokens.
 
-``SessionManager`` is the in-process API (the trainer's rollouts use it);
-``create_app`` wraps it in the OpenAI-compatible HTTP server that
-``agentrl serve-session`` runs. See docs/session.md.
+``SessionBackend`` is what a rollout needs of sessions, every call awaited. ``SessionManager``
+implements it in process; ``create_app`` wraps a manager in the OpenAI-compatible HTTP server
+that ``agentrl serve-session`` runs, and ``AsyncSessionClient`` implements it over that server
+(``SessionClient`` is its blocking facade). See docs/session.md.
 """
 
 from __future__ import annotations
 
 from agentrl.session.audit import AuditReport, audit_segment
+from agentrl.session.backend import SessionBackend
 from agentrl.session.errors import (
     ContextFullError,
     LedgerError,
@@ -23,6 +25,7 @@ from agentrl.session.manager import ChatResult, SessionManager
 
 __all__ = [
     "FAMILIES",
+    "AsyncSessionClient",
     "AuditReport",
     "ChatResult",
     "ContextFullError",
@@ -32,6 +35,7 @@ __all__ = [
     "Segment",
     "SessionEngineError",
     "SessionError",
+    "SessionBackend",
     "SessionClient",
     "SessionManager",
     "SessionRequestError",
@@ -50,8 +54,8 @@ def __getattr__(name: str) -> object:
         from agentrl.session.server import create_app
 
         return create_app
-    if name == "SessionClient":
-        from agentrl.session.client import SessionClient
+    if name in ("SessionClient", "AsyncSessionClient"):  # httpx is imported only when a client is wanted
+        from agentrl.session import client
 
-        return SessionClient
+        return getattr(client, name)
     raise AttributeError(f"module 'agentrl.session' has no attribute {name!r}")

@@ -1,23 +1,44 @@
-"""The session server's Python client: open sessions, run turns, fetch trajectories over HTTP.
+"""The session server's one HTTP client: :class:`AsyncSessionClient`, and a blocking facade.
 
-Agents can use the official ``openai`` SDK against ``client.openai_base_url(sid)``;
-this client adds what the SDK does not know about: sessions, trajectories, tokenize
-and metrics. Every call has a deadline; server errors come back as the matching
-:mod:`agentrl.session.errors` exception with the server's message::
+:class:`AsyncSessionClient` implements :class:`~agentrl.session.backend.SessionBackend` over
+``agentrl serve-session``'s API, so a rollout runs through a remote session server exactly as
+through an in-process :class:`~agentrl.session.manager.SessionManager`. It also serves what the
+``openai`` SDK does not know about: sessions, trajectories, tokenize and metrics::
 
-    client = SessionClient("http://127.0.0.1:8100")
-    sid = client.create()
-    reply = client.chat(sid, [Message(role="user", content="hi")], max_tokens=32)
-    (traj,) = client.trajectories(sid)
-    client.delete(sid)
+    sessions = await AsyncSessionClient.connect("http://127.0.0.1:8100")   # reads /health
+    sid = await sessions.create()
+    turn = await sessions.chat_completion(sid, messages, tools, sampling)
+    (traj,) = await sessions.close(sid)
+
+:class:`SessionClient` is the same client for synchronous callers (it runs the coroutines on
+a private event loop)::
+
+    with SessionClient("http://127.0.0.1:8100") as client:
+        sid = client.create()
+        reply = client.chat(sid, [Message(role="user", content="hi")], max_tokens=32)
+
+Agents can use the official ``openai`` SDK against ``openai_base_url(sid)``.
+
+Every request has a deadline (``timeout_s``; ``connect_timeout_s`` for the connect). A
+request that never reached the server (connection refused, connect timeout) is retried with
+backoff up to ``retries`` times; nothing else is retried here (the rollout retries a failed
+episode on a fresh session). Server errors come back as the matching
+:mod:`agentrl.session.errors` class with the server's message: a conversation that outgrew the
+context is a :class:`ContextFullError`; a request past its deadline a
+:class:`SessionEngineError`; an unreachable server a :class:`SessionError` naming the URL.
+
+The HTTP connection pool belongs to the event loop that first used the client (the run's
+loop, in the trainer); a client whose loop has closed makes a new pool on the next call.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 
+from agentrl.session.backend import ChatResult
 from agentrl.session.errors import (
     ContextFullError,
     SessionEngineError,
@@ -25,9 +46,11 @@ from agentrl.session.errors import (
     SessionRequestError,
     UnknownSessionError,
 )
-from agentrl.types import Message, ToolSpec, Trajectory
+from agentrl.types import Message, SamplingParams, ToolSpec, Trajectory
 
-__all__ = ["SessionClient", "raise_for_status"]
+__all__ = ["AsyncSessionClient", "SessionClient", "raise_for_status"]
+
+_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 
 _ERRORS: dict[int, type[SessionError]] = {
     404: UnknownSessionError,
@@ -55,15 +78,235 @@ def raise_for_status(resp: httpx.Response, where: str) -> None:
     raise _ERRORS.get(resp.status_code, SessionError)(text)
 
 
-class SessionClient:
-    """A blocking client of one session server; ``timeout_s`` bounds every request."""
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+    return [m.model_dump(exclude_none=True) for m in messages]
 
-    def __init__(self, base_url: str, *, timeout_s: float = 600.0) -> None:
+
+def _sampling_fields(sampling: SamplingParams | None) -> dict[str, Any]:
+    """The OpenAI request fields of ``sampling`` (the server stops at the template's end-of-turn)."""
+    sp = sampling or SamplingParams.model_validate({})
+    if sp.stop_token_ids:
+        raise SessionRequestError(
+            f"stop_token_ids={sp.stop_token_ids} cannot be sent to a session server (it stops at the "
+            "chat template's end-of-turn tokens); leave them empty"
+        )
+    out: dict[str, Any] = {"max_tokens": sp.max_new_tokens, "temperature": sp.temperature, "top_p": sp.top_p}
+    if sp.top_k > 0:
+        out["top_k"] = sp.top_k
+    if sp.seed is not None:
+        out["seed"] = sp.seed
+    return out
+
+
+def _trajectories(out: dict[str, Any]) -> list[Trajectory]:
+    return [Trajectory.model_validate(t) for t in out["trajectories"]]
+
+
+class AsyncSessionClient:
+    """A session server's API as a :class:`~agentrl.session.backend.SessionBackend` (module docstring).
+
+    ``timeout_s`` bounds every request (a turn included), ``connect_timeout_s`` every connect;
+    ``max_connections`` should cover the sessions that run turns at once. ``health`` is the
+    server's ``/health`` (model, family, stop ids, vocab size, weight version): build with
+    :meth:`connect`, which reads it, or pass it.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        health: dict[str, Any] | None = None,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        max_connections: int = 64,
+        retries: int = 2,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self.timeout_s, self.retries = timeout_s, retries
+        self.health: dict[str, Any] = dict(health or {})
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._http: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    async def connect(cls, base_url: str, **kwargs: Any) -> AsyncSessionClient:
+        """A client of the server at ``base_url``, after reading its ``/health`` (SessionError if unreachable)."""
+        client = cls(base_url, **kwargs)
+        client.health = dict(await client._call("GET", "/health"))
+        return client
+
+    # ------------------------------------------------------------ the SessionBackend surface
+
+    @property
+    def model_name(self) -> str:
+        return str(self.health.get("model", ""))
+
+    @property
+    def family_name(self) -> str:
+        return str(self.health.get("family", ""))
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return [int(t) for t in self.health.get("stop_token_ids", [])]
+
+    async def create(self, session_id: str | None = None) -> str:
+        return str(
+            (await self._call("POST", "/sessions", {"session_id": session_id} if session_id else None))["id"]
+        )
+
+    async def chat_completion(
+        self,
+        session_id: str,
+        messages: list[Message],
+        tools: list[ToolSpec] | None = None,
+        sampling: SamplingParams | None = None,
+        *,
+        stop: list[str] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> ChatResult:
+        """One assistant turn on the server (``messages`` is the whole conversation so far)."""
+        fields = _sampling_fields(sampling)
+        if stop:
+            fields["stop"] = list(stop)
+        if template_kwargs:
+            fields["chat_template_kwargs"] = dict(template_kwargs)
+        out = await self.request_chat(session_id, messages, tools, **fields)
+        try:
+            choice = out["choices"][0]
+            extra = out.get("agentrl") or {}
+            return ChatResult(
+                message=Message.model_validate(choice["message"]),
+                finish_reason=str(choice["finish_reason"]),
+                prompt_tokens=int(out["usage"]["prompt_tokens"]),
+                completion_tokens=int(out["usage"]["completion_tokens"]),
+                segment=int(extra.get("segment", 0)),
+                diverged=extra.get("diverged"),
+                parse_failed=bool(extra.get("parse_failed", False)),
+            )
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise SessionError(
+                f"{self.base_url} answered a chat completion agentrl cannot read ({type(e).__name__}: {e})"
+            ) from e
+
+    async def trajectories(self, session_id: str) -> list[Trajectory]:
+        return _trajectories(await self._call("GET", f"/sessions/{session_id}/trajectories"))
+
+    async def close(self, session_id: str) -> list[Trajectory]:
+        """Delete the session on the server; its trajectories."""
+        return _trajectories(await self._call("DELETE", f"/sessions/{session_id}"))
+
+    async def tokenize(
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of a full render, rendered by the server exactly as a session's first turn."""
+        body: dict[str, Any] = {
+            "messages": _messages(messages),
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if tools:
+            body["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+        if template_kwargs:
+            body["chat_template_kwargs"] = dict(template_kwargs)
+        return [int(t) for t in (await self._call("POST", "/tokenize", body))["tokens"]]
+
+    async def aclose(self) -> None:
+        """Close the connection pool (a later call opens a new one)."""
+        http, self._http, self._loop = self._http, None, None
+        if http is not None:
+            await http.aclose()
+
+    # ------------------------------------------------------------ the rest of the API
+
+    async def request_chat(
+        self, session_id: str, messages: list[Message], tools: list[ToolSpec] | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """The raw OpenAI response; ``fields`` are request fields (``max_tokens``, ``seed``, ``stop``, ...)."""
+        body: dict[str, Any] = {"messages": _messages(messages), **fields}
+        if tools:
+            body["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+        return dict(await self._call("POST", f"/sessions/{session_id}/v1/chat/completions", body))
+
+    async def session_info(self, session_id: str) -> dict[str, Any]:
+        """The session's summary (turns, segments, tokens, divergences, messages)."""
+        return dict(await self._call("GET", f"/sessions/{session_id}"))
+
+    async def encode(self, text: str) -> list[int]:
+        """Token ids of plain ``text`` (no template)."""
+        return [int(t) for t in (await self._call("POST", "/tokenize", {"text": text}))["tokens"]]
+
+    async def metrics(self) -> dict[str, float]:
+        return dict(await self._call("GET", "/metrics"))
+
+    def openai_base_url(self, session_id: str) -> str:
+        """The ``base_url`` to give the ``openai`` SDK for this session."""
+        return f"{self.base_url}/sessions/{session_id}/v1"
+
+    # ------------------------------------------------------------ HTTP plumbing
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._http is not None and self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                raise SessionError(
+                    f"AsyncSessionClient({self.base_url!r}) is in use on another event loop; "
+                    "use one client per loop (the trainer runs one loop for the whole run)"
+                )
+            self._http = None  # its connections died with their loop
+        if self._http is None:
+            self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=self._limits)
+            self._loop = loop
+        return self._http
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        where = f"{method} {self.base_url}{path}"
+        client = self._client()
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await client.request(method, path, json=body)
+                break
+            except _CONNECT_ERRORS as e:
+                if attempt == self.retries:
+                    raise SessionError(
+                        f"cannot reach the session server at {self.base_url} ({where}, {attempt + 1} attempts): "
+                        f"{type(e).__name__}: {e}; is `agentrl serve-session` running there?"
+                    ) from e
+            except httpx.TimeoutException as e:
+                raise SessionEngineError(f"{where} exceeded its deadline of {self.timeout_s:g} s") from e
+            except httpx.HTTPError as e:
+                raise SessionError(f"{where} failed: {type(e).__name__}: {e}") from e
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise_for_status(resp, where)
+        return resp.json()
+
+
+class SessionClient:
+    """:class:`AsyncSessionClient` for synchronous callers, on a private event loop.
+
+    Not for use inside a running event loop (await :class:`AsyncSessionClient` there).
+    """
+
+    def __init__(self, base_url: str, *, timeout_s: float = 600.0, **kwargs: Any) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.aclient = AsyncSessionClient(base_url, timeout_s=timeout_s, **kwargs)
+        self._loop = asyncio.new_event_loop()
+
+    def _run(self, coro: Any) -> Any:
+        return self._loop.run_until_complete(coro)
 
     def close(self) -> None:
-        self._http.close()
+        if not self._loop.is_closed():
+            self._run(self.aclient.aclose())
+            self._loop.close()
 
     def __enter__(self) -> SessionClient:
         return self
@@ -71,31 +314,18 @@ class SessionClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        try:
-            r = self._http.request(method, path, json=body)
-        except httpx.TimeoutException as e:
-            raise SessionError(f"{method} {self.base_url}{path} timed out: {e}") from e
-        except httpx.TransportError as e:
-            raise SessionError(f"cannot reach the session server at {self.base_url}: {e}") from e
-        raise_for_status(r, f"{method} {self.base_url}{path}")
-        return r.json()
-
     def openai_base_url(self, session_id: str) -> str:
         """The ``base_url`` to give the ``openai`` SDK for this session."""
-        return f"{self.base_url}/sessions/{session_id}/v1"
+        return self.aclient.openai_base_url(session_id)
 
     def create(self, session_id: str | None = None) -> str:
-        return str(self._call("POST", "/sessions", {"session_id": session_id} if session_id else None)["id"])
+        return str(self._run(self.aclient.create(session_id)))
 
     def chat_completion(
         self, session_id: str, messages: list[Message], tools: list[ToolSpec] | None = None, **fields: Any
     ) -> dict[str, Any]:
         """The raw OpenAI response; ``fields`` are request fields (``max_tokens``, ``seed``, ``stop``, ...)."""
-        body: dict[str, Any] = {"messages": [m.model_dump(exclude_none=True) for m in messages], **fields}
-        if tools:
-            body["tools"] = [t.model_dump(exclude_none=True) for t in tools]
-        return dict(self._call("POST", f"/sessions/{session_id}/v1/chat/completions", body))
+        return dict(self._run(self.aclient.request_chat(session_id, messages, tools, **fields)))
 
     def chat(
         self, session_id: str, messages: list[Message], tools: list[ToolSpec] | None = None, **fields: Any
@@ -105,18 +335,14 @@ class SessionClient:
         return Message.model_validate(msg)
 
     def info(self, session_id: str) -> dict[str, Any]:
-        return dict(self._call("GET", f"/sessions/{session_id}"))
+        return dict(self._run(self.aclient.session_info(session_id)))
 
     def trajectories(self, session_id: str) -> list[Trajectory]:
-        out = self._call("GET", f"/sessions/{session_id}/trajectories")["trajectories"]
-        return [Trajectory.model_validate(t) for t in out]
+        return list(self._run(self.aclient.trajectories(session_id)))
 
     def delete(self, session_id: str) -> list[Trajectory]:
         """Close the session; returns its trajectories."""
-        return [
-            Trajectory.model_validate(t)
-            for t in self._call("DELETE", f"/sessions/{session_id}")["trajectories"]
-        ]
+        return list(self._run(self.aclient.close(session_id)))
 
     def tokenize(
         self,
@@ -125,12 +351,10 @@ class SessionClient:
         text: str | None = None,
         tools: list[ToolSpec] | None = None,
     ) -> list[int]:
-        body: dict[str, Any] = {"text": text} if text is not None else {}
-        if messages is not None:
-            body["messages"] = [m.model_dump(exclude_none=True) for m in messages]
-        if tools:
-            body["tools"] = [t.model_dump(exclude_none=True) for t in tools]
-        return list(self._call("POST", "/tokenize", body)["tokens"])
+        """Token ids of ``text`` (plain) or of ``messages`` rendered as a first turn."""
+        if text is not None:
+            return list(self._run(self.aclient.encode(text)))
+        return list(self._run(self.aclient.tokenize(messages or [], tools)))
 
     def metrics(self) -> dict[str, float]:
-        return dict(self._call("GET", "/metrics"))
+        return dict(self._run(self.aclient.metrics()))

@@ -3,11 +3,13 @@
 ``SessionManager`` is what the trainer's rollout loop and the HTTP server both use::
 
     sm = SessionManager(tokenizer, engine)            # family detected from the template
-    sid = sm.create()
+    sid = await sm.create()
     reply = await sm.chat(sid, messages, tools, SamplingParams(max_new_tokens=64))
     ...                                               # run tools, append results, call chat again
-    trajectories = sm.trajectories(sid)               # one Trajectory per segment
-    sm.close(sid)
+    trajectories = await sm.close(sid)                # one Trajectory per segment
+
+It implements :class:`~agentrl.session.backend.SessionBackend` (every call awaited), as the
+HTTP client of a session server does.
 
 Each ``chat`` call compares the messages with the session's history. If they
 extend it, only the appended messages are tokenized (see
@@ -31,6 +33,7 @@ from typing import Any
 from agentrl.engines.errors import ContextLengthError, EngineRequestError
 from agentrl.engines.protocol import Engine, Generation
 from agentrl.session.audit import AuditReport, audit_segment
+from agentrl.session.backend import ChatResult
 from agentrl.session.errors import (
     ContextFullError,
     LedgerError,
@@ -44,22 +47,6 @@ from agentrl.session.ledger import Ledger, Segment, Turn
 from agentrl.types import Message, SamplingParams, ToolSpec, Trajectory
 
 __all__ = ["ChatResult", "SessionManager", "same_message"]
-
-
-@dataclass
-class ChatResult:
-    """One turn's outcome: the parsed reply plus what the ledger recorded for it."""
-
-    message: Message
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    output_ids: list[int]
-    logprobs: list[float]
-    segment: int
-    diverged: str | None = None
-    """Why this turn started a new segment (``None`` when it extended the ledger)."""
-    parse_failed: bool = False
 
 
 @dataclass
@@ -145,8 +132,20 @@ class SessionManager:
         self.counters: Counter[str] = Counter()
         self.timers: dict[str, float] = defaultdict(float)
 
+    # ---------------------------------------------------------------- the SessionBackend surface
+    @property
+    def family_name(self) -> str:
+        return self.family.name
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return list(self.tok.stop_token_ids)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the engine belongs to whoever made it."""
+
     # ---------------------------------------------------------------- lifecycle
-    def create(self, session_id: str | None = None) -> str:
+    async def create(self, session_id: str | None = None) -> str:
         """Open a session and return its id (a fresh one unless given)."""
         sid = session_id or uuid.uuid4().hex
         if sid in self._sessions:
@@ -167,9 +166,9 @@ class SessionManager:
                 f"no session {session_id!r}; create one with POST /sessions (or SessionManager.create())"
             ) from None
 
-    def close(self, session_id: str) -> list[Trajectory]:
+    async def close(self, session_id: str) -> list[Trajectory]:
         """Close the session and return its trajectories."""
-        trajs = self.trajectories(session_id)
+        trajs = self._get(session_id).ledger.trajectories()
         del self._sessions[session_id]
         return trajs
 
@@ -184,7 +183,7 @@ class SessionManager:
         """The session's ledger (read it, do not modify it)."""
         return self._get(session_id).ledger
 
-    def trajectories(self, session_id: str) -> list[Trajectory]:
+    async def trajectories(self, session_id: str) -> list[Trajectory]:
         """One Trajectory per segment with at least one sampled turn."""
         return self._get(session_id).ledger.trajectories()
 
@@ -206,7 +205,7 @@ class SessionManager:
         }
 
     # ---------------------------------------------------------------- tokenize
-    def tokenize(
+    async def tokenize(
         self,
         messages: list[Message],
         tools: list[ToolSpec] | None = None,
@@ -281,73 +280,105 @@ class SessionManager:
         kwargs = {**self.family.template_kwargs, **(template_kwargs or {})}
         tools = tools or None
         async with sess.lock:
-            led = sess.ledger
-            seg = led.current
+            seg = sess.ledger.current
             t0 = time.perf_counter()
             appended, reason = self._plan(seg, messages, tools, kwargs)
-            if appended is None or seg is None:
-                prompt_add = self.tok.prompt_ids(messages, tools, kwargs)
-                base: list[int] = []
-            else:
-                last = seg.messages[-1] if seg.messages and seg.messages[-1].role == "assistant" else None
-                if last is None:
-                    raise LedgerError("a segment with turns must end with the assistant reply")
-                prompt_add = self.tok.bridge_ids(
-                    last, appended, tools, kwargs, seg.last_stop, turn_index=len(seg.messages) - 1
-                )
-                base = seg.token_ids
+            base, prompt_add = self._prompt(
+                seg if appended is not None else None, appended, tools, kwargs, messages
+            )
             self.timers["tito/tokenize_seconds"] += time.perf_counter() - t0
             input_ids = base + prompt_add
             gen = await self._generate(session_id, input_ids, self._sampling(sampling))
-            out, lps, vers, finish, last_stop, text = self._cut(gen, stop)
-
             # commit: nothing above touched the ledger
-            if appended is None or seg is None:
-                if reason is not None:
-                    led.divergences[reason] = led.divergences.get(reason, 0) + 1
-                    self.counters["tito/divergences"] += 1
-                    self.counters[f"tito/divergences/{reason}"] += 1
-                seg = led.new_segment(tools, kwargs)
-            turn_idx = sess.turns
-            parsed = self.tok.parse(
-                out[:-1] if last_stop is not None else out,
-                lambda i: f"call_{session_id[:8]}_{turn_idx}_{i}",
-                text=text,
+            res = self._commit(
+                session_id, sess, appended is None, reason, tools, kwargs, messages, prompt_add, gen, stop
             )
-            start_prompt = len(seg.token_ids)
-            seg.append_prompt(prompt_add)
-            start = len(seg.token_ids)
-            seg.append_sampled(out, lps, vers)
-            seg.turns.append(
-                Turn(
-                    prompt_start=start_prompt,
-                    start=start,
-                    end=len(seg.token_ids),
-                    finish_reason=finish,
-                    parse_failed=parsed.parse_failed,
-                )
-            )
-            seg.last_stop = last_stop
-            seg.messages = [*messages, parsed.message]
-            sess.turns += 1
-            self.counters["tito/turns"] += 1
-            self.counters["tito/prompt_tokens_appended"] += len(prompt_add)
-            self.counters["tito/sampled_tokens"] += len(out)
-            if parsed.parse_failed:
-                self.counters["tito/parse_failures"] += 1
-            if parsed.message.tool_calls:
-                self.counters["tito/tool_calls"] += len(parsed.message.tool_calls)
-            return ChatResult(
-                message=parsed.message,
+            res.prompt_tokens = len(input_ids)
+            return res
+
+    def _prompt(
+        self,
+        seg: Segment | None,
+        appended: list[Message] | None,
+        tools: list[ToolSpec] | None,
+        kwargs: dict[str, Any],
+        messages: list[Message],
+    ) -> tuple[list[int], list[int]]:
+        """``(ledger tokens kept, prompt tokens to add)``: a bridge after ``seg``, else a full render."""
+        if appended is None or seg is None:
+            return [], self.tok.prompt_ids(messages, tools, kwargs)
+        last = seg.messages[-1] if seg.messages and seg.messages[-1].role == "assistant" else None
+        if last is None:
+            raise LedgerError("a segment with turns must end with the assistant reply")
+        bridge = self.tok.bridge_ids(
+            last, appended, tools, kwargs, seg.last_stop, turn_index=len(seg.messages) - 1
+        )
+        return seg.token_ids, bridge
+
+    def _commit(
+        self,
+        session_id: str,
+        sess: _Session,
+        new_segment: bool,
+        reason: str | None,
+        tools: list[ToolSpec] | None,
+        kwargs: dict[str, Any],
+        messages: list[Message],
+        prompt_add: list[int],
+        gen: Generation,
+        stop: list[str] | None,
+    ) -> ChatResult:
+        """Append the turn (prompt tokens, then the sampled ones) to the ledger; the parsed reply."""
+        led = sess.ledger
+        out, lps, vers, finish, last_stop, text = self._cut(gen, stop)
+        if new_segment or led.current is None:
+            if reason is not None:
+                led.divergences[reason] = led.divergences.get(reason, 0) + 1
+                self.counters["tito/divergences"] += 1
+                self.counters[f"tito/divergences/{reason}"] += 1
+            seg = led.new_segment(tools, kwargs)
+        else:
+            seg = led.current
+        turn_idx = sess.turns
+        parsed = self.tok.parse(
+            out[:-1] if last_stop is not None else out,
+            lambda i: f"call_{session_id[:8]}_{turn_idx}_{i}",
+            text=text,
+        )
+        start_prompt = len(seg.token_ids)
+        seg.append_prompt(prompt_add)
+        start = len(seg.token_ids)
+        seg.append_sampled(out, lps, vers)
+        seg.turns.append(
+            Turn(
+                prompt_start=start_prompt,
+                start=start,
+                end=len(seg.token_ids),
                 finish_reason=finish,
-                prompt_tokens=len(input_ids),
-                completion_tokens=len(out),
-                output_ids=out,
-                logprobs=lps,
-                segment=seg.index,
-                diverged=reason,
                 parse_failed=parsed.parse_failed,
             )
+        )
+        seg.last_stop = last_stop
+        seg.messages = [*messages, parsed.message]
+        sess.turns += 1
+        self.counters["tito/turns"] += 1
+        self.counters["tito/prompt_tokens_appended"] += len(prompt_add)
+        self.counters["tito/sampled_tokens"] += len(out)
+        if parsed.parse_failed:
+            self.counters["tito/parse_failures"] += 1
+        if parsed.message.tool_calls:
+            self.counters["tito/tool_calls"] += len(parsed.message.tool_calls)
+        return ChatResult(
+            message=parsed.message,
+            finish_reason=finish,
+            prompt_tokens=0,
+            completion_tokens=len(out),
+            output_ids=out,
+            logprobs=lps,
+            segment=seg.index,
+            diverged=reason,
+            parse_failed=parsed.parse_failed,
+        )
 
     async def _generate(self, session_id: str, input_ids: list[int], sampling: SamplingParams) -> Generation:
         t0 = time.perf_counter()

@@ -263,7 +263,7 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
         if req.text is not None:
             ids = manager.tok.encode(req.text)
         else:
-            ids = manager.tokenize(
+            ids = await manager.tokenize(
                 [m.to_message() for m in req.messages or []],
                 req.tools,
                 add_generation_prompt=req.add_generation_prompt,
@@ -273,7 +273,7 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
 
     @app.post("/sessions", status_code=201)
     async def create_session(req: CreateSessionRequest | None = None) -> dict[str, Any]:
-        sid = manager.create(req.session_id if req else None)
+        sid = await manager.create(req.session_id if req else None)
         return {"id": sid, "base_url": f"/sessions/{sid}/v1"}
 
     @app.post("/sessions/{session_id}/v1/chat/completions")
@@ -382,7 +382,7 @@ def create_app(manager: SessionManager, *, default_max_tokens: int = 256, audit:
     @app.delete("/sessions/{session_id}")
     async def delete_session(session_id: str) -> dict[str, Any]:
         trajs = _trajectories(session_id)
-        manager.close(session_id)
+        await manager.close(session_id)
         return {"id": session_id, "deleted": True, "trajectories": trajs}
 
     @app.get("/metrics")

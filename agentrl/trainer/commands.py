@@ -28,43 +28,38 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sft(args: argparse.Namespace) -> int:
-    import dataclasses
+    """Warm start only: the same runtime, backend and weight sync as `train`, then save the model."""
     import json
     import time
-    from pathlib import Path
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentrl.trainer.config import to_toml
-    from agentrl.trainer.loop import _resolve_run_dir, build_runtime, evaluate, run_sft, seed_everything
+    from agentrl.trainer.backend import FSDP2Backend
+    from agentrl.trainer.loop import progress_bar
     from agentrl.trainer.metrics import MetricsLogger
+    from agentrl.trainer.runtime import build_runtime, evaluate, seed_everything, start_run_dir
+    from agentrl.trainer.sft import warm_start
+    from agentrl.trainer.weight_sync import make_sync
 
     cfg = _resolve(args)
     console = Console()
-    run_dir = _resolve_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(to_toml(cfg))
+    run_dir = start_run_dir(cfg)
     seed_everything(cfg.run.seed)
     rt = build_runtime(cfg)
     log = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard)
     t0 = time.perf_counter()
     try:
-        before = evaluate(rt)
-        progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-            console=console,
-            disable=not cfg.run.progress,
-        )
-        with progress:
-            stats = run_sft(rt, log, progress)
-        after = evaluate(rt)
+        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run)
+        try:
+            before = evaluate(rt)
+            with progress_bar(console, enabled=cfg.run.progress) as progress:
+                be = FSDP2Backend(rt.policy, cfg.algo, cfg.optim, device=rt.device)
+                stats = warm_start(rt, be, sync, log, progress)
+            after = evaluate(rt)
+        finally:
+            sync.close()
         log.log("eval", 0, after)
-        out = Path(run_dir) / "model"
+        out = run_dir / "model"
         rt.policy.save_pretrained(str(out))
         rt.tokenizer.save_pretrained(str(out))
         console.print(
@@ -73,22 +68,24 @@ def _sft(args: argparse.Namespace) -> int:
             f"({cfg.rollout.eval_episodes} held-out seeds), {time.perf_counter() - t0:.1f} s"
         )
         console.print(f"model: {out}")
-        (Path(run_dir) / "summary.json").write_text(
-            json.dumps(
-                {"eval_before": before, "eval_after": after, "sft": stats, "config": dataclasses.asdict(cfg)},
-                indent=1,
-            )
-        )
+        summary = {"eval_before": before, "eval_after": after, "sft": stats, "config": _asdict(cfg)}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     finally:
         log.close()
         rt.close()
     return 0
 
 
+def _asdict(cfg: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)
+
+
 def _eval(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from agentrl.trainer.loop import build_runtime, evaluate
+    from agentrl.trainer.runtime import build_runtime, evaluate
 
     cfg = _resolve(args)
     rt = build_runtime(cfg)

@@ -1,16 +1,19 @@
 """The rollout manager: tasks from the env's seeds, G episodes per task, trajectories out.
 
-Every episode is an agent loop through the session manager (which owns
-tokenization and the token ledger) and the engine behind it::
+Every episode is an agent loop through a session backend (which owns tokenization and the
+token ledger: :class:`~agentrl.session.backend.SessionBackend`, in process or a session server)
+and the engine behind it, all awaited on the run's one event loop::
 
-    messages = env.reset(seed)                         # task = seed
+    messages = await env.areset(seed)                  # task = seed
     repeat until done or max_turns:
-        reply = await sessions.chat(sid, messages, env.tools, sampling)
-        obs, reward, terminated, truncated, _ = env.step(reply)
-        messages += [reply, *obs]
-    trajectories = sessions.close(sid)                 # exact tokens, loss mask, logprobs, versions
+        turn = await sessions.chat_completion(sid, messages, env.tools, sampling)
+        obs, reward, terminated, truncated, _ = await env.astep(turn.message)
+        messages += [turn.message, *obs]
+    trajectories = await sessions.close(sid)           # exact tokens, loss mask, logprobs, versions
 
-All episodes of a step run concurrently, so the engine batches them. A failure
+All episodes of a step run concurrently, so the engine batches them. Envs are driven through
+their async contract (``areset``/``astep``; an object with only ``reset``/``step`` runs them in
+a worker thread). A failure
 is classified, never silently scored:
 
 - **model error** (the conversation outgrew the context): the episode keeps the reward it
@@ -27,6 +30,7 @@ resumed run reproduces the uninterrupted one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import traceback
 import zlib
@@ -35,7 +39,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.engines.errors import ContextLengthError
+from agentrl.envs.core import StepResult
 from agentrl.errors import ConfigError
+from agentrl.session.backend import SessionBackend
 from agentrl.trainer.errors import RolloutError
 from agentrl.types import Message, SamplingParams, Trajectory
 
@@ -107,8 +114,27 @@ class RolloutResult:
         return f"RolloutResult({len(self.groups)} groups, {len(self.episodes)} episodes, {len(self.errors)} errors)"
 
 
+async def _areset(env: Any, seed: int) -> tuple[list[Message], dict[str, Any]]:
+    if hasattr(env, "areset"):
+        return await env.areset(seed=seed)
+    return await asyncio.to_thread(env.reset, seed=seed)  # a plain reset/step object
+
+
+async def _astep(env: Any, action: Message) -> StepResult:
+    if hasattr(env, "astep"):
+        return await env.astep(action)
+    return StepResult(*(await asyncio.to_thread(env.step, action)))
+
+
+async def _aclose(env: Any) -> None:
+    if hasattr(env, "aclose"):
+        await env.aclose()
+    elif (close := getattr(env, "close", None)) is not None:
+        await asyncio.to_thread(close)
+
+
 class RolloutManager:
-    """Runs groups of episodes of ``env_factory()`` envs through ``sessions`` (a SessionManager).
+    """Runs groups of episodes of ``env_factory()`` envs through ``sessions``, a session backend.
 
     ``max_turns`` is ``rollout.max_turns``: ``None`` plays each episode up to the env's own
     limit; see :func:`turn_limit` for a set value.
@@ -117,7 +143,7 @@ class RolloutManager:
     def __init__(
         self,
         env_factory: Callable[[], Any],
-        sessions: Any,
+        sessions: SessionBackend,
         *,
         max_new_tokens: int = 32,
         max_turns: int | None = None,
@@ -130,25 +156,17 @@ class RolloutManager:
 
     # ------------------------------------------------------------ one episode
 
-    async def _sessions_call(self, name: str, *args: Any) -> Any:
-        """``sessions.a<name>`` when the session backend has it (a remote server), else ``sessions.<name>``."""
-        method = getattr(self.sessions, f"a{name}", None)
-        if method is not None:
-            return await method(*args)
-        return getattr(self.sessions, name)(*args)
-
     async def _episode_once(
         self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int
     ) -> Episode:
-        from agentrl.engines.errors import ContextLengthError
-
         env = self.env_factory()
-        sid = await self._sessions_call("create")
+        sid = await self.sessions.create()
         reward, turns, truncated = 0.0, 0, False
         status, error = "ok", None
         completion = 0
+        trajs: list[Trajectory] | None = None
         try:
-            messages, _ = await asyncio.to_thread(env.reset, seed=seed)
+            messages, _ = await _areset(env, seed)
             limit = turn_limit(self.max_turns, env)
             tools = list(env.tools) or None
             history: list[Message] = list(messages)
@@ -163,24 +181,22 @@ class RolloutManager:
                 )
                 try:
                     res = await self.sessions.chat_completion(sid, history, tools, sampling)
-                except ContextLengthError as e:
+                except ContextLengthError as e:  # a session's ContextFullError too: the model's error
                     status, error, truncated = "model_error", f"context full at turn {turns}: {e}", True
                     break
                 turns += 1
                 completion += res.completion_tokens
-                reply = res.message
-                obs, r, terminated, trunc, _ = await asyncio.to_thread(env.step, reply)
+                obs, r, terminated, trunc, _ = await _astep(env, res.message)
                 reward += float(r)
-                history += [reply, *obs]
+                history += [res.message, *obs]
                 done = bool(terminated or trunc)
                 truncated = bool(trunc) or (not done and turns >= limit)
-            trajs = await self._sessions_call("trajectories", sid)
+            trajs = await self.sessions.close(sid)
         finally:
-            if sid in self.sessions:
-                await self._sessions_call("close", sid)
-            close = getattr(env, "close", None)
-            if close is not None:
-                await asyncio.to_thread(close)
+            if trajs is None:  # the episode failed: free its session, best effort
+                with contextlib.suppress(Exception):
+                    await self.sessions.close(sid)
+            await _aclose(env)
         out = [
             t.model_copy(
                 update={
@@ -237,12 +253,7 @@ class RolloutManager:
             for seed in task_seeds
             for i in range(group_size)
         ]
-        try:
-            episodes = await asyncio.gather(*jobs)
-        finally:
-            release = getattr(self.sessions, "arelease", None)  # a remote backend's per-loop connections
-            if release is not None:
-                await release()
+        episodes = await asyncio.gather(*jobs)
         groups: list[list[Episode]] = []
         counts: Counter[str] = Counter()
         errors: list[str] = []
@@ -288,6 +299,7 @@ class RolloutManager:
         salt: int = 0,
         allow_empty: bool = False,
     ) -> RolloutResult:
+        """:meth:`arun` on a fresh event loop, for scripts and tests (the trainer awaits ``arun`` on its run's loop)."""
         return asyncio.run(self.arun(task_seeds, group_size, temperature, salt=salt, allow_empty=allow_empty))
 
 

@@ -14,9 +14,11 @@ Three transports behind one ``push(state_dict) -> SyncResult``:
 
 Every push into an engine goes through here: the RL step's sync, and also the warm
 start and the resume, which set an explicit ``version``. Each transport calls only the
-:class:`~agentrl.engines.protocol.Engine` protocol (through ``run_sync`` from this sync
-code) and checks the engine's ``capabilities`` when it is built, so a transport the
-engine cannot serve fails at setup with ``UnsupportedWeightUpdateError``.
+:class:`~agentrl.engines.protocol.Engine` protocol, from this sync code through ``run``: the
+run's event loop (:meth:`agentrl.eventloop.LoopThread.run`, so engine clients live on the one
+loop of the run), or ``run_sync`` on a fresh loop by default. It checks the engine's
+``capabilities`` when it is built, so a transport the engine cannot serve fails at setup
+with ``UnsupportedWeightUpdateError``.
 
 The version bump is atomic: the engine applies a whole update (all buckets) at once
 and returns the new version, which must equal the version asked for, else
@@ -29,10 +31,10 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -41,6 +43,7 @@ from agentrl.trainer.errors import WeightSyncError
 
 __all__ = [
     "BroadcastSync",
+    "Runner",
     "DiskSync",
     "InProcessSync",
     "SyncResult",
@@ -48,6 +51,15 @@ __all__ = [
     "make_sync",
     "save_weights_dir",
 ]
+
+
+T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Runs one engine coroutine from sync code under a deadline (``run_sync``, ``LoopThread.run``)."""
+
+    def __call__(self, coro: Coroutine[Any, Any, T], *, timeout_s: float, what: str) -> T: ...
 
 
 @dataclass
@@ -83,15 +95,15 @@ def _target(engine: Engine, version: int | None) -> int:
 class InProcessSync:
     """Copy tensors straight into an in-process engine (``update_weights_from_state_dict``)."""
 
-    def __init__(self, engine: Engine, timeout_s: float = 300.0) -> None:
+    def __init__(self, engine: Engine, timeout_s: float = 300.0, *, run: Runner = run_sync) -> None:
         require_capability(engine, "state_dict", "run.weight_sync='inprocess'")
-        self.engine, self.timeout_s = engine, timeout_s
+        self.engine, self.timeout_s, self._run = engine, timeout_s, run
 
     def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
         t0 = time.perf_counter()
         want = _target(self.engine, version)
         try:
-            got = run_sync(
+            got = self._run(
                 self.engine.update_weights_from_state_dict(state_dict, version=want),
                 timeout_s=self.timeout_s,
                 what=f"in-process weight update to version {want}",
@@ -109,9 +121,18 @@ class InProcessSync:
 class DiskSync:
     """Write safetensors to ``root/vN`` (atomically renamed into place), then the engine reloads it."""
 
-    def __init__(self, engine: Engine, root: str | Path, keep: int = 1, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        root: str | Path,
+        keep: int = 1,
+        timeout_s: float = 300.0,
+        *,
+        run: Runner = run_sync,
+    ) -> None:
         require_capability(engine, "checkpoint", "run.weight_sync='disk'")
         self.engine, self.root, self.keep, self.timeout_s = engine, Path(root), keep, timeout_s
+        self._run = run
         self.root.mkdir(parents=True, exist_ok=True)
 
     def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
@@ -120,7 +141,7 @@ class DiskSync:
         final = self.root / f"v{want}"
         tensors = save_weights_dir(state_dict, final)
         try:
-            got = run_sync(
+            got = self._run(
                 self.engine.update_weights_from_path(final, version=want),
                 timeout_s=self.timeout_s,
                 what=f"weight update from {str(final)!r}",
@@ -152,6 +173,7 @@ class BroadcastSync:
         bucket_bytes: int = 64 << 20,
         timeout_s: float = 120.0,
         group_name: str = "agentrl_weight_sync",
+        run: Runner = run_sync,
     ) -> None:
         self.engine, self.bucket_bytes, self.timeout_s, self.group_name = (
             engine,
@@ -159,6 +181,7 @@ class BroadcastSync:
             timeout_s,
             group_name,
         )
+        self._run = run
         require_capability(engine, "distributed", "run.weight_sync='broadcast'")
         port = master_port or _free_port(master_address)
 
@@ -171,7 +194,7 @@ class BroadcastSync:
             return group
 
         try:
-            self.group = run_sync(
+            self.group = self._run(
                 setup(), timeout_s=timeout_s + 30, what=f"weight group rendezvous at {master_address}:{port}"
             )
         except Exception as e:  # noqa: BLE001
@@ -182,7 +205,7 @@ class BroadcastSync:
     def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
         if _in_event_loop():
             raise WeightSyncError("push() was called inside a running event loop; await apush() instead")
-        return run_sync(
+        return self._run(
             self.apush(state_dict, version=version),
             timeout_s=self.timeout_s * 2 + 60,  # apush bounds each bucket by timeout_s itself
             what="broadcast weight sync",
@@ -237,7 +260,7 @@ class BroadcastSync:
                 )
 
     def close(self) -> None:
-        run_sync(
+        self._run(
             self.engine.destroy_weights_update_group(self.group_name),
             timeout_s=self.timeout_s,
             what=f"leaving weight group {self.group_name!r}",
@@ -316,12 +339,15 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def make_sync(kind: str, engine: Engine, run_dir: str | Path) -> WeightSync:
-    """The transport for ``run.weight_sync``; raises ``UnsupportedWeightUpdateError`` if the engine lacks it."""
+def make_sync(kind: str, engine: Engine, run_dir: str | Path, *, run: Runner = run_sync) -> WeightSync:
+    """The transport for ``run.weight_sync``; raises ``UnsupportedWeightUpdateError`` if the engine lacks it.
+
+    ``run`` runs the engine's coroutines (the run's event loop; a fresh loop per call by default).
+    """
     if kind == "inprocess":
-        return InProcessSync(engine)
+        return InProcessSync(engine, run=run)
     if kind == "disk":
-        return DiskSync(engine, Path(run_dir) / "weights")
+        return DiskSync(engine, Path(run_dir) / "weights", run=run)
     if kind == "broadcast":
-        return BroadcastSync(engine)
+        return BroadcastSync(engine, run=run)
     raise WeightSyncError(f"unknown weight sync {kind!r}; use inprocess, disk or broadcast")

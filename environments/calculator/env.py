@@ -96,6 +96,7 @@ class CalculatorEnv(ToolEnv):
     """Word problems with a calculator tool; final answer in ``<answer>N</answer>``."""
 
     reward_range = (0.0, 1.0)
+    inline_steps = True  # pure computation in microseconds: no thread hand-off per step
 
     def __init__(
         self,

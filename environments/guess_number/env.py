@@ -26,6 +26,7 @@ class GuessNumberEnv(Env):
     """Find a secret integer with higher/lower feedback."""
 
     reward_range = (0.0, 1.0)
+    inline_steps = True  # pure computation in microseconds: no thread hand-off per step
 
     def __init__(self, high: int = 16, max_turns: int | None = None) -> None:
         if high < 2:

@@ -41,7 +41,7 @@ def test_first_prompt_is_the_templates_own_tokenization(tokenizers: Any) -> None
             tokenize=True,
             return_dict=False,
         )
-        assert sm.tokenize(msgs, TOOLS) == list(expected), name
+        assert asyncio.run(sm.tokenize(msgs, TOOLS)) == list(expected), name
 
 
 def test_qwen25_newline_after_im_end_is_a_prompt_token(tokenizers: Any) -> None:
@@ -49,7 +49,7 @@ def test_qwen25_newline_after_im_end_is_a_prompt_token(tokenizers: Any) -> None:
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng, model_name="tiny-qwen2.5")
     assert sm.family.name == "qwen2.5"
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     eng.push("first answer")
     eng.push("second answer")
     msgs = [user("q1")]
@@ -78,7 +78,7 @@ def test_qwen25_truncated_turn_is_closed_with_prompt_tokens(tokenizers: Any) -> 
     tok = tokenizers["tiny-qwen2.5"]
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng)
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     eng.push("a long answer that will be cut", stop=None)
     a1 = run(sm.chat(sid, [user("q")], None, SamplingParams.model_validate(dict(max_new_tokens=3))))
     run(sm.chat(sid, [user("q"), a1, user("more")], None, SP))
@@ -95,14 +95,14 @@ def test_qwen3_earlier_reasoning_is_kept(tokenizers: Any) -> None:
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng)
     assert sm.family.name == "qwen3"
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     eng.push("<think>\nfirst plan\n</think>\n\nanswer one")
     eng.push("<think>\nsecond plan\n</think>\n\nanswer two")
     a1 = run(sm.chat(sid, [user("q1")], None, SP))
     assert a1.reasoning_content == "first plan" and a1.content == "answer one"
     a1_as_agents_send_it = Message(role="assistant", content=a1.content)  # reasoning dropped by the agent
     run(sm.chat(sid, [user("q1"), a1_as_agents_send_it, user("q2")], None, SP))
-    traj = sm.trajectories(sid)[0]
+    traj = asyncio.run(sm.trajectories(sid))[0]
     text = tok.decode(traj.token_ids)
     assert "first plan" in text and "second plan" in text
     assert eng.prompts[1][: len(eng.prompts[0]) + len(eng.outputs[0])] == eng.prompts[0] + eng.outputs[0]
@@ -125,7 +125,7 @@ def test_qwen3_enable_thinking_false_prompt_tokens_are_not_sampled(tokenizers: A
     tok = tokenizers["tiny-qwen3"]
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng)
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     kw = {"enable_thinking": False}
     a1 = run(sm.chat_completion(sid, [user("q1")], None, SP, template_kwargs=kw)).message
     run(sm.chat_completion(sid, [user("q1"), a1, user("q2")], None, SP, template_kwargs=kw))
@@ -142,7 +142,7 @@ def test_llama3_eot_is_not_doubled_and_tool_results_use_ipython(tokenizers: Any)
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng)
     assert sm.family.name == "llama3"
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     eng.push('{"name": "add", "parameters": {"a": 1}}')
     a1 = run(sm.chat(sid, [user("1+?")], TOOLS, SP))
     assert a1.tool_calls and a1.tool_calls[0].function.name == "add"
@@ -162,7 +162,7 @@ def test_glm4_sampled_observation_opener_is_not_doubled(tokenizers: Any) -> None
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng)
     assert sm.family.name == "glm4"
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     obs = tid(tok, "<|observation|>")
     eng.push('add\n{"a": 1}', stop="<|observation|>")
     eng.push("done", stop="<|user|>")  # next message is a tool result: the opener must be <|observation|>
@@ -200,7 +200,7 @@ def test_generic_template_that_is_not_append_only_is_refused_naming_the_turn(tok
     tok = copy.deepcopy(tokenizers["tiny-qwen2.5"])
     tok.chat_template = NOT_APPEND_ONLY
     sm = SessionManager(tok, ScriptedEngine(tok), family="generic")
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     a1 = run(sm.chat(sid, [user("q1")], None, SP))
     with pytest.raises(TemplateError, match=r"message 1, role 'assistant'"):
         run(sm.chat(sid, [user("q1"), a1, user("q2")], None, SP))
@@ -212,7 +212,7 @@ def test_generic_append_only_template_works(tokenizers: Any) -> None:
     tok.chat_template = APPEND_ONLY
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng, family="generic")
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     msgs = [user("q1")]
     for k in range(3):
         msgs.append(run(sm.chat(sid, msgs, None, SP)))
@@ -229,7 +229,7 @@ def test_stop_strings_cut_the_reply_and_the_ledger(tokenizers: Any) -> None:
     tok = tokenizers["tiny-qwen2.5"]
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng)
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     eng.push("alpha beta STOP gamma delta")
     res = run(sm.chat_completion(sid, [user("q")], None, SP, stop=["STOP"]))
     assert res.message.content == "alpha beta " and res.finish_reason == "stop"
@@ -243,7 +243,7 @@ def test_stop_strings_cut_the_reply_and_the_ledger(tokenizers: Any) -> None:
 def test_glm4_refuses_a_system_message_that_would_move_to_the_top(tokenizers: Any) -> None:
     tok = tokenizers["tiny-glm4"]
     sm = SessionManager(tok, ScriptedEngine(tok))
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     a1 = run(sm.chat(sid, [user("q1")], None, SP))
     with pytest.raises(TemplateError, match=r"after message 1 changes how the earlier messages render"):
         run(sm.chat(sid, [user("q1"), a1, Message(role="system", content="new rules")], None, SP))
@@ -252,7 +252,7 @@ def test_glm4_refuses_a_system_message_that_would_move_to_the_top(tokenizers: An
 def test_audit_compares_in_the_tokenizers_normal_form(tokenizers: Any) -> None:
     tok = tokenizers["tiny-qwen2.5"]
     sm = SessionManager(tok, ScriptedEngine(tok))
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     decomposed = [user("cafe\u0301 , spaced  punctuation !")]  # NFC composes é; nothing is cleaned up
     a1 = run(sm.chat(sid, decomposed, None, SP))
     run(sm.chat(sid, [*decomposed, a1, user("o\u0308")], None, SP))

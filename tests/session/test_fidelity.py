@@ -106,7 +106,7 @@ def check_session(
     sm: SessionManager, rec: RecordingEngine, sid: str, first: list[Message], tools: Any, kw: Any
 ) -> None:
     calls = rec.calls[sid]
-    (traj,) = sm.trajectories(sid)
+    (traj,) = asyncio.run(sm.trajectories(sid))
     tok = sm.tok.tokenizer
     expected_first = tok.apply_chat_template(
         [m.model_dump(exclude_none=True) for m in first],
@@ -197,7 +197,7 @@ def test_fidelity_real_engine(model: str, tokenizers: Any, engines: Any) -> None
             ]
             # everything is drawn up front: the two conversations run concurrently, in any order
             plan = [(data.draw(st.integers(1, 8)), data.draw(AGENT_TURN)) for _ in range(n_turns)]
-            convs.append((sm.create(), first, plan))
+            convs.append((asyncio.run(sm.create()), first, plan))
 
         async def drive(sid: str, first: list[Message], plan: list[Any], seed: int) -> None:
             msgs = list(first)
@@ -217,7 +217,7 @@ def test_fidelity_real_engine(model: str, tokenizers: Any, engines: Any) -> None
         asyncio.run(both())
         for sid, first, _ in convs:
             check_session(sm, rec, sid, first, tools, kw)
-            sm.close(sid)
+            asyncio.run(sm.close(sid))
         assert sm.metrics()["tito/divergences"] == 0
 
     run()
@@ -283,7 +283,7 @@ def test_fidelity_scripted_tool_calls(model: str, tokenizers: Any) -> None:
     def run(data: Any) -> None:
         tools = data.draw(st.sampled_from([TOOLS, TOOLS[:1]]))
         kw = {"enable_thinking": data.draw(st.booleans())} if fam == "qwen3" else {}
-        sid = sm.create()
+        sid = asyncio.run(sm.create())
         first = [Message(role="user", content=data.draw(TEXT))]
         msgs = list(first)
         for _ in range(data.draw(st.integers(1, 6))):
@@ -319,6 +319,6 @@ def test_fidelity_scripted_tool_calls(model: str, tokenizers: Any) -> None:
             msgs += data.draw(appended_messages(reply))
         check_session(sm, rec, sid, first, tools, kw)
         assert sm.metrics()["tito/parse_failures"] == 0 and sm.metrics()["tito/divergences"] == 0
-        sm.close(sid)
+        asyncio.run(sm.close(sid))
 
     run()

@@ -34,7 +34,7 @@ def setup(tokenizers: Any) -> tuple[SessionManager, ScriptedEngine]:
 
 
 def two_turns(sm: SessionManager) -> tuple[str, list[Message]]:
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     msgs = [user("q1")]
     msgs.append(asyncio.run(sm.chat(sid, msgs, None, SP)))
     return sid, msgs
@@ -58,7 +58,7 @@ def test_divergence_starts_a_new_segment(setup: Any, mutate: Any, reason: str) -
     seg0 = list(sm.ledger(sid).segments[0].token_ids)
     res = asyncio.run(sm.chat_completion(sid, mutate(msgs), None, SP))
     assert res.diverged == reason and res.segment == 1
-    trajs = sm.trajectories(sid)
+    trajs = asyncio.run(sm.trajectories(sid))
     assert [t.segment for t in trajs] == [0, 1]
     assert trajs[0].token_ids == seg0  # the old segment is never rewritten
     assert trajs[1].token_ids == eng.prompts[-1] + eng.outputs[-1]  # the new one starts from a full render
@@ -69,7 +69,7 @@ def test_changed_tools_diverge_but_dropped_reasoning_does_not(tokenizers: Any) -
     tok = tokenizers["tiny-qwen3"]
     eng = ScriptedEngine(tok)
     sm = SessionManager(tok, eng)
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     eng.push("<think>\nplan\n</think>\n\nanswer")
     a = asyncio.run(sm.chat(sid, [user("q")], TOOLS, SP))
     without_reasoning = Message(role="assistant", content="  answer  ")
@@ -83,7 +83,7 @@ def test_changed_tools_diverge_but_dropped_reasoning_does_not(tokenizers: Any) -
 
 def test_tool_call_turn_echoed_without_content_still_extends(setup: Any) -> None:
     sm, eng = setup
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     eng.push('Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
     a = asyncio.run(sm.chat(sid, [user("q")], TOOLS, SP))
     assert a.content == "Let me look." and a.tool_calls
@@ -112,13 +112,13 @@ def test_engine_failure_commits_nothing_and_the_turn_can_be_retried(setup: Any) 
         asyncio.run(sm.chat(sid, [*msgs, user("q2")], None, SP))
     assert sm.ledger(sid).segments[-1].token_ids == before
     asyncio.run(sm.chat(sid, [*msgs, user("q2")], None, SP))
-    assert len(sm.trajectories(sid)) == 1 and sm.trajectories(sid)[0].num_turns == 2
+    assert len(asyncio.run(sm.trajectories(sid))) == 1 and asyncio.run(sm.trajectories(sid))[0].num_turns == 2
     assert sm.metrics()["tito/engine_errors"] == 1
 
 
 def test_context_full_is_a_request_error_the_trainer_can_catch(setup: Any) -> None:
     sm, eng = setup
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
     eng.fail_next = ContextLengthError("prompt of 5000 tokens exceeds 4096")
     with pytest.raises(ContextFullError) as info:
         asyncio.run(sm.chat(sid, [user("q")], None, SP))
@@ -134,7 +134,7 @@ def test_engine_deadline(tokenizers: Any) -> None:
 
     sm = SessionManager(tok, Hangs(tok), engine_timeout_s=0.2)
     with pytest.raises(SessionEngineError, match="did not answer within 0.2s"):
-        asyncio.run(sm.chat(sm.create(), [user("q")], None, SP))
+        asyncio.run(sm.chat(asyncio.run(sm.create()), [user("q")], None, SP))
 
 
 def test_weight_versions_are_per_token_and_stop_ids_include_the_family(setup: Any) -> None:
@@ -142,7 +142,7 @@ def test_weight_versions_are_per_token_and_stop_ids_include_the_family(setup: An
     sid, msgs = two_turns(sm)
     eng.version = 3
     asyncio.run(sm.chat(sid, [*msgs, user("q2")], None, SP))
-    (traj,) = sm.trajectories(sid)
+    (traj,) = asyncio.run(sm.trajectories(sid))
     s0, s1 = traj.turn_spans
     assert set(traj.policy_versions[s0.start : s0.end]) == {0}
     assert set(traj.policy_versions[s1.start : s1.end]) == {3}
@@ -154,16 +154,16 @@ def test_bad_requests(setup: Any) -> None:
     sm, _ = setup
     with pytest.raises(UnknownSessionError, match="no session 'x'"):
         asyncio.run(sm.chat("x", [user("q")]))
-    sid = sm.create("fixed-id")
+    sid = asyncio.run(sm.create("fixed-id"))
     with pytest.raises(SessionRequestError, match="already exists"):
-        sm.create("fixed-id")
+        asyncio.run(sm.create("fixed-id"))
     with pytest.raises(SessionRequestError, match="messages is empty"):
         asyncio.run(sm.chat(sid, []))
 
 
 def test_concurrent_turns_of_one_session_are_serialized(setup: Any) -> None:
     sm, eng = setup
-    sid = sm.create()
+    sid = asyncio.run(sm.create())
 
     async def both() -> list[Any]:
         return await asyncio.gather(*(sm.chat_completion(sid, [user("same")], None, SP) for _ in range(2)))
@@ -171,5 +171,5 @@ def test_concurrent_turns_of_one_session_are_serialized(setup: Any) -> None:
     first, second = asyncio.run(both())
     # the second call saw the first one's reply in the ledger and found its history truncated
     assert {first.diverged, second.diverged} == {None, "truncated"}
-    for t in sm.trajectories(sid):
+    for t in asyncio.run(sm.trajectories(sid)):
         assert t.num_turns == 1

@@ -199,8 +199,8 @@ def test_tokenize_models_and_metrics(scripted: Any) -> None:
     r = httpx.post(f"{url}/tokenize", json={"messages": msgs, "tools": TOOLS}, timeout=10).json()
     from agentrl.types import Message, ToolSpec
 
-    assert r["tokens"] == sm.tokenize(
-        [Message(role="user", content="hello")], [ToolSpec.model_validate(TOOLS[0])]
+    assert r["tokens"] == asyncio.run(
+        sm.tokenize([Message(role="user", content="hello")], [ToolSpec.model_validate(TOOLS[0])])
     )
     assert httpx.post(f"{url}/tokenize", json={"text": "hello"}).json()["tokens"] == sm.tok.encode("hello")
     both = httpx.post(f"{url}/tokenize", json={"text": "a", "messages": msgs})

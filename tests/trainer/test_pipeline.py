@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from rich.console import Console
 
+from agentrl.eventloop import LoopThread
 from agentrl.trainer.config import resolve
 from agentrl.trainer.errors import TrainerError
 from agentrl.trainer.loop import train
@@ -23,17 +26,32 @@ class _Trainer:
         self.started: dict[int, int] = {}  # step -> version when its rollout began
         self.threads: set[str] = set()
 
-    def produce(self, step: int) -> tuple[str, int]:
+    async def produce(self, step: int) -> tuple[str, int]:
         self.started[step] = self.version
         self.threads.add(threading.current_thread().name)
-        time.sleep(0.01)
+        await asyncio.sleep(0.01)
         return ("rollout", step)
 
 
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    with LoopThread("agentrl-rollout") as lt:
+        yield lt
+
+
+def _now(value_of):
+    """``produce`` for tests: an async function returning ``value_of(step)``."""
+
+    async def produce(step):
+        return value_of(step)
+
+    return produce
+
+
 @pytest.mark.parametrize("k", [1, 2])
-def test_rollouts_run_ahead_by_at_most_k_versions(k):
+def test_rollouts_run_ahead_by_at_most_k_versions(k, loop):
     tr = _Trainer()
-    ahead = RolloutAhead(tr.produce, first=0, end=6, max_staleness=k, timeout_s=30)
+    ahead = RolloutAhead(tr.produce, loop, first=0, end=6, max_staleness=k, timeout_s=30)
     try:
         for step in range(6):
             res, seconds = ahead.take(step)
@@ -49,24 +67,33 @@ def test_rollouts_run_ahead_by_at_most_k_versions(k):
     assert tr.threads == {next(iter(tr.threads))} and "agentrl-rollout" in next(iter(tr.threads))
 
 
-def test_a_call_runs_after_the_rollouts_already_queued():
+def test_a_call_runs_after_the_rollouts_already_queued(loop):
     order: list[object] = []
-    ahead = RolloutAhead(lambda s: order.append(s), first=0, end=10, max_staleness=2, timeout_s=30)
+
+    async def produce(step):
+        await asyncio.sleep(0.01 * (3 - step))  # later steps are quicker: only the queue orders them
+        order.append(step)
+
+    async def evaluate():
+        order.append("eval")
+        return "done"
+
+    ahead = RolloutAhead(produce, loop, first=0, end=10, max_staleness=2, timeout_s=30)
     try:
         ahead.take(0)  # queues steps 0, 1, 2
-        assert ahead.call(lambda: order.append("eval") or "done", "the eval") == "done"
+        assert ahead.call(evaluate, "the eval") == "done"
     finally:
         ahead.close()
     assert order == [0, 1, 2, "eval"]
 
 
-def test_a_failing_rollout_surfaces_at_its_step():
-    def produce(step: int) -> int:
+def test_a_failing_rollout_surfaces_at_its_step(loop):
+    async def produce(step: int) -> int:
         if step == 1:
             raise RuntimeError("env server down")
         return step
 
-    ahead = RolloutAhead(produce, first=0, end=4, max_staleness=1, timeout_s=30)
+    ahead = RolloutAhead(produce, loop, first=0, end=4, max_staleness=1, timeout_s=30)
     try:
         assert ahead.take(0)[0] == 0
         with pytest.raises(RuntimeError, match="env server down"):
@@ -75,9 +102,11 @@ def test_a_failing_rollout_surfaces_at_its_step():
         ahead.close()
 
 
-def test_a_stuck_rollout_hits_the_deadline_and_close_does_not_wait_for_it():
+def test_a_stuck_rollout_hits_the_deadline_and_close_does_not_wait_for_it(loop):
     release = threading.Event()
-    ahead = RolloutAhead(lambda s: release.wait(30), first=0, end=3, max_staleness=1, timeout_s=0.2)
+    ahead = RolloutAhead(
+        lambda s: asyncio.to_thread(release.wait, 30), loop, first=0, end=3, max_staleness=1, timeout_s=0.2
+    )
     t0 = time.perf_counter()
     with pytest.raises(
         TrainerError, match=r"the rollout of step 0 did not finish within 0.2 s .*episode_timeout_s"
@@ -88,10 +117,10 @@ def test_a_stuck_rollout_hits_the_deadline_and_close_does_not_wait_for_it():
     release.set()
 
 
-def test_steps_are_taken_in_order_and_k_zero_is_the_synchronous_loop():
+def test_steps_are_taken_in_order_and_k_zero_is_the_synchronous_loop(loop):
     with pytest.raises(ValueError, match="max_staleness=0"):
-        RolloutAhead(lambda s: s, first=0, end=3, max_staleness=0, timeout_s=1)
-    ahead = RolloutAhead(lambda s: s, first=0, end=5, max_staleness=1, timeout_s=30)
+        RolloutAhead(_now(lambda s: s), loop, first=0, end=3, max_staleness=0, timeout_s=1)
+    ahead = RolloutAhead(_now(lambda s: s), loop, first=0, end=5, max_staleness=1, timeout_s=30)
     try:
         with pytest.raises(TrainerError, match=r"take\(3\): steps are taken in order; the next one is 0"):
             ahead.take(3)

@@ -16,8 +16,9 @@ from agentrl.models import load_tokenizer
 from agentrl.session.manager import SessionManager
 from agentrl.session.server import BackgroundServer, create_app
 from agentrl.trainer.config import resolve
-from agentrl.trainer.loop import build_runtime, train
+from agentrl.trainer.loop import train
 from agentrl.trainer.metrics import read_jsonl
+from agentrl.trainer.runtime import build_runtime
 from agentrl.types import Message, SamplingParams
 
 SMALL = {
@@ -58,7 +59,7 @@ def _local_greedy(model: str) -> tuple[str | None, list[float]]:
     """The same greedy turn on a local engine loaded from ``model``."""
 
     async def turn(sessions: SessionManager) -> tuple[str | None, list[float]]:
-        sid = sessions.create()
+        sid = await sessions.create()
         res = await sessions.chat_completion(sid, PROBE, None, GREEDY)
         return res.message.content, res.logprobs
 
@@ -163,27 +164,34 @@ def test_remote_sessions_raise_the_session_errors_the_rollout_classifies(
     server: tuple[str, SessionManager],
 ) -> None:
     from agentrl.engines.errors import ContextLengthError
+    from agentrl.session.backend import SessionBackend
+    from agentrl.session.client import AsyncSessionClient
     from agentrl.session.errors import SessionRequestError, UnknownSessionError
-    from agentrl.trainer.remote_sessions import RemoteSessions
 
     url, _ = server
-    sessions = RemoteSessions(url, timeout_s=60)
-    try:
-        sid = sessions.create()
-        assert sid in sessions
-        too_long = SamplingParams(temperature=0.0, max_new_tokens=1 << 20)
-        with pytest.raises(
-            ContextLengthError, match="answered 422"
-        ):  # a model error: the episode keeps its reward
-            asyncio.run(sessions.chat_completion(sid, PROBE, None, too_long))
-        with pytest.raises(SessionRequestError, match="stop_token_ids"):
-            asyncio.run(sessions.chat_completion(sid, PROBE, None, SamplingParams(stop_token_ids=[1])))
-        res = asyncio.run(sessions.chat_completion(sid, PROBE, None, GREEDY))
-        assert 0 < res.completion_tokens <= GREEDY.max_new_tokens and res.message.role == "assistant"
-        (traj,) = sessions.close(sid)
-        assert sid not in sessions and sum(traj.loss_mask) == res.completion_tokens
-        with pytest.raises(UnknownSessionError, match="answered 404"):  # an infrastructure error
-            sessions.trajectories(sid)
-        assert sessions.tokenize(PROBE) == SessionManager(load_tokenizer("tiny"), None).tokenize(PROBE)  # type: ignore[arg-type]
-    finally:
-        sessions.shutdown()
+    local = SessionManager(load_tokenizer("tiny"), None)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        sessions = await AsyncSessionClient.connect(url, timeout_s=60)
+        assert isinstance(sessions, SessionBackend) and isinstance(local, SessionBackend)
+        assert (sessions.family_name, sessions.stop_token_ids) == (local.family_name, local.stop_token_ids)
+        try:
+            sid = await sessions.create()
+            too_long = SamplingParams(temperature=0.0, max_new_tokens=1 << 20)
+            with pytest.raises(
+                ContextLengthError, match="answered 422"
+            ):  # a model error: the episode keeps its reward
+                await sessions.chat_completion(sid, PROBE, None, too_long)
+            with pytest.raises(SessionRequestError, match="stop_token_ids"):
+                await sessions.chat_completion(sid, PROBE, None, SamplingParams(stop_token_ids=[1]))
+            res = await sessions.chat_completion(sid, PROBE, None, GREEDY)
+            assert 0 < res.completion_tokens <= GREEDY.max_new_tokens and res.message.role == "assistant"
+            (traj,) = await sessions.close(sid)
+            assert sum(traj.loss_mask) == res.completion_tokens
+            with pytest.raises(UnknownSessionError, match="answered 404"):  # an infrastructure error
+                await sessions.trajectories(sid)
+            assert await sessions.tokenize(PROBE) == await local.tokenize(PROBE)
+        finally:
+            await sessions.aclose()
+
+    asyncio.run(scenario())

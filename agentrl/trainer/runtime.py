@@ -1,0 +1,310 @@
+"""What a run holds, and how `train`, `sft` and `eval` build it: policy, engine, sessions, env, event loop.
+
+::
+
+    rt = build_runtime(cfg)            # checks the env and --max-turns, then loads the model
+    rt.loop                            # the run's one event loop (rollouts, evals, engine calls)
+    rt.sessions                        # a SessionBackend: in process over rt.engine, or a session server
+    ev = evaluate(rt)                  # greedy episodes on the held-out seeds
+    rt.close()
+
+With ``rollout.session_url`` the episodes and weight syncs go to a session server
+(``agentrl serve-session``) and its engine; the trainer keeps only its policy copy and the
+tokenizer, and checks before loading the policy that the server serves the same model.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from agentrl.engines.protocol import Engine
+from agentrl.errors import AgentRLError, ConfigError
+from agentrl.eventloop import LoopThread
+from agentrl.session.backend import SessionBackend
+from agentrl.trainer.config import TrainConfig, to_toml
+from agentrl.trainer.distributed import Ranks
+from agentrl.trainer.rollout import RolloutManager, RolloutResult, turn_limit
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from agentrl.envs import Env
+
+__all__ = [
+    "Runtime",
+    "build_runtime",
+    "evaluate",
+    "make_env_factory",
+    "play_eval",
+    "resolve_run_dir",
+    "seed_everything",
+    "start_run_dir",
+]
+
+
+@dataclass
+class Runtime:
+    """Everything a run holds: the trainer's policy copy, the engine, sessions, envs and the event loop."""
+
+    cfg: TrainConfig
+    device: str
+    tokenizer: PreTrainedTokenizerBase
+    policy: PreTrainedModel
+    engine: Engine
+    sessions: SessionBackend
+    env_factory: Callable[[], Env]
+    rollout: RolloutManager
+    loop: LoopThread
+    pad_id: int
+    ranks: Ranks = field(default_factory=Ranks)
+
+    @property
+    def loop_timeout_s(self) -> float:
+        """The deadline of one rollout or evaluation: every episode's retries, plus a margin (at least 300 s)."""
+        r = self.cfg.rollout
+        return max(300.0, r.episode_timeout_s * (r.max_infra_retries + 1) + 60)
+
+    def close(self) -> None:
+        """Release the sessions' connections, close the engine, stop the loop (in that order)."""
+        try:
+            self.loop.run(self.sessions.aclose(), timeout_s=30.0, what="closing the session backend")
+        finally:
+            self.engine.close()
+            self.loop.close()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def resolve_run_dir(cfg: TrainConfig) -> Path:
+    """``run.run_dir``, else a fresh ``$AGENTRL_HOME/runs/<env>-<time>`` (``~/.cache/agentrl`` by default)."""
+    if cfg.run.run_dir:
+        return Path(cfg.run.run_dir)
+    home = Path(os.environ.get("AGENTRL_HOME", Path.home() / ".cache" / "agentrl"))
+    return home / "runs" / f"{cfg.rollout.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def start_run_dir(cfg: TrainConfig, ranks: Ranks | None = None) -> Path:
+    """The run directory, the same on every rank; rank 0 creates it and writes ``config.toml``."""
+    ranks = ranks or Ranks()
+    run_dir = Path(ranks.broadcast(str(resolve_run_dir(cfg))))
+    if ranks.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(to_toml(cfg))
+    return run_dir
+
+
+def make_env_factory(cfg: TrainConfig) -> Callable[[], Env]:
+    """A zero-argument constructor of fresh envs (local, or a RemoteEnv on ``env_url``); checked once now."""
+    r = cfg.rollout
+    if r.env_url:
+        from agentrl.envs import RemoteEnv
+
+        def remote() -> Env:
+            return RemoteEnv(
+                r.env_url, r.env, env_kwargs=dict(r.env_kwargs), read_timeout=r.episode_timeout_s
+            )
+
+        return remote
+    from agentrl.envs import make
+
+    def local() -> Env:
+        return make(r.env, **r.env_kwargs)
+
+    try:  # unknown env name / bad kwargs fail here, before the model loads
+        env = local()
+    except AgentRLError:
+        raise
+    except (TypeError, ValueError) as e:  # the env's constructor refused its kwargs
+        raise ConfigError(
+            f"rollout.env_kwargs={dict(r.env_kwargs)!r}: env {r.env!r} rejected them: {e} "
+            "(fix --env-kwargs, or leave it out for the env's demo preset)"
+        ) from None
+    try:  # a --max-turns above the env's own limit fails here too, before the model loads
+        turn_limit(r.max_turns, env)
+    finally:
+        env.close()
+    return local
+
+
+def _device(cfg: TrainConfig) -> str:
+    if cfg.model.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.model.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device='cuda' but no CUDA GPU is visible; use --device cpu or auto")
+    return cfg.model.device
+
+
+def build_runtime(cfg: TrainConfig, model_path: str | None = None, ranks: Ranks | None = None) -> Runtime:
+    """Load the policy (trainer copy + engine copy), tokenizer, session backend and env; start the loop.
+
+    Under ``torchrun`` every rank builds its own runtime (its own engine); on CPU the
+    ``threads`` budget is split between the ranks of one machine.
+    """
+    from agentrl.models import load_model, load_tokenizer, resolve
+
+    ranks = ranks or Ranks()
+    if cfg.model.threads:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if ranks.world > 1 else 1
+        torch.set_num_threads(max(1, cfg.model.threads // local_world))
+    env_factory = make_env_factory(cfg)
+    device = _device(cfg)
+    name = model_path or cfg.model.model
+    path = resolve(name)
+    tokenizer = load_tokenizer(path)
+    loop = LoopThread("agentrl-rollout")
+    try:
+        if cfg.rollout.session_url:  # checked before the policy loads: a wrong URL or model fails fast
+            sessions, engine = _connect_session_server(cfg, loop, tokenizer, name)
+        policy = load_model(path).to(device=device, dtype=torch.float32)
+        if not cfg.rollout.session_url:
+            sessions, engine = _local_sessions(cfg, tokenizer, path, name, device)
+    except BaseException:
+        loop.close()
+        raise
+    r = cfg.rollout
+    rollout = RolloutManager(
+        env_factory,
+        sessions,
+        max_new_tokens=r.max_new_tokens,
+        max_turns=r.max_turns,
+        max_infra_retries=r.max_infra_retries,
+        episode_timeout_s=r.episode_timeout_s,
+    )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return Runtime(
+        cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, loop, int(pad), ranks
+    )
+
+
+def _local_sessions(
+    cfg: TrainConfig, tokenizer: Any, path: str, name: str, device: str
+) -> tuple[SessionBackend, Engine]:
+    """The embedded engine (its own copy of the weights) and an in-process session manager over it."""
+    from agentrl.engines.hf import HFEngine
+    from agentrl.models import load_model
+    from agentrl.session.manager import SessionManager
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    engine = HFEngine(load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0)
+    return SessionManager(tokenizer, engine, model_name=name), engine
+
+
+def _connect_session_server(
+    cfg: TrainConfig, loop: LoopThread, tokenizer: Any, model_name: str
+) -> tuple[SessionBackend, Engine]:
+    """The session server at ``rollout.session_url`` and its engine; ConfigError unless it serves ``model_name``.
+
+    Its engine is reached through the server's SGLang-compatible weight routes, the target of
+    weight sync (a checkpoint path the server can read, or a ``torch.distributed`` group).
+    """
+    from agentrl.engines.sglang import SGLangEngine
+    from agentrl.session.client import AsyncSessionClient
+    from agentrl.session.errors import SessionError
+
+    r = cfg.rollout
+    url = r.session_url
+    probe = "Countdown: 3 + 4 = 7. <|im_end|>"
+
+    async def connect() -> tuple[AsyncSessionClient, list[int]]:
+        client = await AsyncSessionClient.connect(
+            url,
+            timeout_s=r.episode_timeout_s,
+            connect_timeout_s=min(10.0, r.episode_timeout_s),
+            max_connections=max(r.tasks_per_step * r.group_size, r.eval_episodes),
+        )
+        return client, await client.encode(probe)
+
+    try:
+        sessions, ids = loop.run(connect(), timeout_s=r.episode_timeout_s + 30, what=f"connecting to {url}")
+    except SessionError as e:
+        raise ConfigError(f"rollout.session_url={url!r}: {e}") from e
+    served, vocab = sessions.model_name, int(sessions.health.get("vocab_size", -1))
+    same_ids = ids == list(tokenizer.encode(probe, add_special_tokens=False))
+    if vocab != len(tokenizer) or not same_ids or not _same_model(served, model_name):
+        loop.run(sessions.aclose(), timeout_s=30.0, what="closing the session client")
+        raise ConfigError(
+            f"rollout.session_url={url!r} serves model {served!r} (vocab {vocab}) but the trainer loads "
+            f"model.model={model_name!r} (vocab {len(tokenizer)}"
+            f"{'' if same_ids else ', and the two tokenize the same text differently'}); start the session "
+            f"server with `agentrl serve-session --model {model_name}` or pass --model {served}"
+        )
+    version = int(sessions.health.get("weight_version", 0))
+    engine = SGLangEngine(url, timeout_s=max(300.0, r.episode_timeout_s), weight_version=version)
+    return sessions, engine
+
+
+def _same_model(served: str, local: str) -> bool:
+    """Whether two model references name the same model (equal, or resolving to the same path)."""
+    if served == local:
+        return True
+    from agentrl.models import resolve
+
+    try:
+        return Path(resolve(served)).resolve() == Path(resolve(local)).resolve()
+    except Exception:  # noqa: BLE001 - a name only the server can resolve is simply not equal
+        return False
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+async def play_eval(rt: Runtime, episodes: int | None = None) -> RolloutResult:
+    """This rank's share of the greedy held-out episodes (seeds ``eval_seed_offset + i``)."""
+    r = rt.cfg.rollout
+    seeds = rt.ranks.shard([r.eval_seed_offset + i for i in range(episodes or r.eval_episodes)])
+    return await rt.rollout.arun(seeds, 1, 0.0, salt=-1, allow_empty=True)
+
+
+def eval_metrics(rt: Runtime, res: RolloutResult, episodes: int | None = None) -> dict[str, float]:
+    """Mean reward and accuracy of an evaluation; under ``torchrun`` summed over the ranks (a collective)."""
+    n = episodes or rt.cfg.rollout.eval_episodes
+    eps = res.episodes
+    hi = _reward_max(rt)
+    reward, solved, played, tokens, turns = rt.ranks.all_sum(
+        [
+            sum(e.reward for e in eps),
+            sum(e.reward >= hi for e in eps),
+            len(eps),
+            sum(e.completion_tokens for e in eps),
+            sum(e.turns for e in eps),
+        ]
+    )
+    return {
+        "eval/reward": reward / max(played, 1),
+        "eval/solved": solved / max(played, 1),
+        "eval/episodes": played,
+        "eval/dropped": n - played,
+        "eval/completion_tokens": tokens / max(played, 1),
+        "eval/turns": turns / max(played, 1),
+    }
+
+
+def evaluate(rt: Runtime, episodes: int | None = None) -> dict[str, float]:
+    """Greedy episodes on the held-out seeds, played on the run's loop; every rank returns the same numbers."""
+    res = rt.loop.run(play_eval(rt, episodes), timeout_s=rt.loop_timeout_s, what="the evaluation")
+    return eval_metrics(rt, res, episodes)
+
+
+def _reward_max(rt: Runtime) -> float:
+    env = rt.env_factory()
+    try:
+        return float(getattr(env, "reward_range", (0.0, 1.0))[1])
+    finally:
+        env.close()
