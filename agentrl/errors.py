@@ -7,6 +7,9 @@ branch in its ``errors.py``::
     AgentRLError
     ├── ConfigError              bad option, flag or config file (fail fast, before heavy work)
     ├── TrajectoryError          (ValueError) an update to a Trajectory breaks its invariants
+    ├── LoopError                (RuntimeError) the run's event loop (agentrl.eventloop): closed,
+    │   │                        or called from its own thread
+    │   └── LoopTimeoutError     (TimeoutError) a coroutine run on it missed its deadline
     ├── ModelError               (agentrl.models) unknown model name, corrupt cache, failed build
     ├── EnvError                 (agentrl.envs) registry, contract and env-server failures
     ├── SandboxError             (agentrl.envs.sandbox) backend unavailable, limits, bad input
@@ -23,7 +26,7 @@ Messages say what failed, the value seen, and how to fix it.
 
 from __future__ import annotations
 
-__all__ = ["AgentRLError", "ConfigError", "TrajectoryError"]
+__all__ = ["AgentRLError", "ConfigError", "LoopError", "LoopTimeoutError", "TrajectoryError"]
 
 
 class AgentRLError(Exception):
@@ -40,3 +43,11 @@ class TrajectoryError(AgentRLError, ValueError):
     (A non-finite reward, an unknown status, misaligned per-token lists, an unknown field.)
     Building a ``Trajectory`` directly raises pydantic's ``ValidationError`` as usual.
     """
+
+
+class LoopError(AgentRLError, RuntimeError):
+    """Work was handed to a closed :class:`~agentrl.eventloop.LoopThread`, or ``run`` called on its own thread."""
+
+
+class LoopTimeoutError(LoopError, TimeoutError):
+    """A coroutine run through :meth:`~agentrl.eventloop.LoopThread.run` missed its deadline (it was cancelled)."""

@@ -11,8 +11,8 @@ run, and background work (a rollout playing ahead of the trainer) shares that lo
     loop.close()                                # cancels what is left, stops the thread
 
 Every :meth:`LoopThread.run` has a deadline; a coroutine that misses it is cancelled and
-:class:`LoopTimeoutError` names it. Calling :meth:`run` from the loop's own thread would deadlock,
-so it raises instead.
+:class:`~agentrl.errors.LoopTimeoutError` names it. Calling :meth:`run` from the loop's own
+thread would deadlock, so it raises :class:`~agentrl.errors.LoopError` instead.
 """
 
 from __future__ import annotations
@@ -24,19 +24,11 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import LoopError, LoopTimeoutError
 
-__all__ = ["LoopClosedError", "LoopThread", "LoopTimeoutError"]
+__all__ = ["LoopError", "LoopThread", "LoopTimeoutError"]
 
 T = TypeVar("T")
-
-
-class LoopTimeoutError(AgentRLError, TimeoutError):
-    """A coroutine run through :meth:`LoopThread.run` missed its deadline (it was cancelled)."""
-
-
-class LoopClosedError(AgentRLError, RuntimeError):
-    """Work was handed to a :class:`LoopThread` after :meth:`LoopThread.close`."""
 
 
 class LoopThread:
@@ -60,14 +52,14 @@ class LoopThread:
         """Schedule ``coro`` on the loop; its future (cancelling the future cancels the coroutine)."""
         if self._closed:
             coro.close()
-            raise LoopClosedError(f"event loop {self.name!r} is closed; no more work can run on it")
+            raise LoopError(f"event loop {self.name!r} is closed; no more work can run on it")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], *, timeout_s: float, what: str) -> T:
         """Run ``coro`` on the loop and wait for its result, at most ``timeout_s`` seconds."""
         if threading.current_thread() is self._thread:
             coro.close()
-            raise LoopClosedError(
+            raise LoopError(
                 f"{what}: LoopThread.run was called on its own loop's thread; await it instead"
             )
         fut = self.submit(coro)

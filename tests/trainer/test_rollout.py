@@ -7,6 +7,7 @@ import pytest
 from agentrl.engines.hf import HFEngine
 from agentrl.envs import make
 from agentrl.errors import ConfigError
+from agentrl.eventloop import LoopThread
 from agentrl.models import load_model, load_tokenizer
 from agentrl.session.manager import SessionManager
 from agentrl.trainer.errors import RolloutError
@@ -112,3 +113,30 @@ def test_max_turns_defaults_to_the_envs_own_and_may_only_cut_it_shorter(sessions
     over = RolloutManager(lambda: make("countdown"), sessions, max_new_tokens=4, max_turns=2)
     with pytest.raises(ConfigError, match="max_turns=2 exceeds env 'countdown-v0'.*max_turns=1"):
         over.run([0], group_size=2, temperature=1.0)
+
+
+def test_envs_are_driven_through_their_async_contract_inline_only_when_they_say_so(sessions):
+    import threading
+
+    from environments.countdown.env import CountdownEnv
+
+    seen: dict[bool, set[str]] = {True: set(), False: set()}
+
+    def recording(inline: bool) -> type[CountdownEnv]:
+        class Recording(CountdownEnv):
+            inline_steps = inline
+
+            def _step(self, action):
+                seen[inline].add(threading.current_thread().name)
+                return super()._step(action)
+
+        return Recording
+
+    loop_thread = "agentrl-rollout-test"
+    for inline in (True, False):
+        rm = RolloutManager(recording(inline), sessions, max_new_tokens=4)
+        with LoopThread(loop_thread) as lt:
+            res = lt.run(rm.arun([0], group_size=2, temperature=1.0), timeout_s=120, what="rollout")
+        assert res.metrics["rollout/episodes_ok"] == 2
+    assert seen[True] == {loop_thread}  # pure-computation steps run on the loop: no thread hand-off
+    assert seen[False] and loop_thread not in seen[False]  # anything else runs in a worker thread
