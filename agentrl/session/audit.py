@@ -115,34 +115,22 @@ def _classify(tok: IncrementalTokenizer, ledger_text: str, canon_text: str) -> s
 
 
 def audit_segment(tok: IncrementalTokenizer, seg: Segment) -> AuditReport:
-    """Compare ``seg`` with a canonical render of its messages (see the module docstring)."""
+    """Compare ``seg`` with a canonical render of its messages (see the module docstring).
+
+    Walks the turns in order: each turn's prompt region must appear in the canonical text
+    after the previous one, and what lies between two prompt regions must be the sampled text.
+    """
     report = AuditReport(turns=len(seg.turns))
-    if not seg.turns:
+    canon = _canonical(tok, seg, report) if seg.turns else None
+    if canon is None:
         return report
-    kwargs: dict[str, Any] = dict(seg.template_kwargs)
-    template = audit_template(tok)
-    if template is not None:
-        kwargs["chat_template"] = template
-    try:
-        canon = tok.render(seg.messages, seg.tools, add_generation_prompt=False, template_kwargs=kwargs)
-    except TemplateError as e:
-        report.add("unrenderable", str(e))
-        return report
-
-    normalizer = getattr(getattr(tok.tokenizer, "backend_tokenizer", None), "normalizer", None)
-    if normalizer is not None:  # e.g. NFC: the ledger's text is what the tokenizer made of the messages
-        canon = normalizer.normalize_str(canon)
-
-    def dec(ids: list[int]) -> str:
-        return str(tok.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-
     ids = seg.token_ids
     gen = tok.generation_prompt_text(seg.template_kwargs)
     cursor = 0
     prev_sampled = ""
     for k, turn in enumerate(seg.turns):
         prompt_ids = ids[turn.prompt_start : turn.start]
-        p_full = dec(prompt_ids)
+        p_full = _decode(tok, prompt_ids)
         if not p_full.endswith(gen):
             report.add(
                 "non_assistant_text", f"turn {k}: prompt does not end with the generation prompt {gen!r}"
@@ -153,16 +141,7 @@ def audit_segment(tok: IncrementalTokenizer, seg: Segment) -> AuditReport:
         p_text = p_full[: len(p_full) - len(gen)]
         pos = (0 if canon.startswith(p_text) else -1) if k == 0 else canon.find(p_text, cursor)
         if pos < 0:
-            window = canon[cursor : cursor + len(p_text) + 200]
-            m = difflib.SequenceMatcher(None, p_text, window, autojunk=False).find_longest_match(
-                0, len(p_text), 0, len(window)
-            )
-            kind = _classify(tok, p_text, window[: max(len(p_text), m.b + m.size)])
-            report.add(
-                kind,
-                f"turn {k}: prompt region {p_text[:160]!r} is not in the canonical render "
-                f"(canonical text there: {window[:160]!r})",
-            )
+            _report_missing_prompt(tok, report, k, p_text, canon[cursor : cursor + len(p_text) + 200])
             return report
         if k > 0:
             if canon[cursor:pos] == prev_sampled:
@@ -174,7 +153,7 @@ def audit_segment(tok: IncrementalTokenizer, seg: Segment) -> AuditReport:
                 "non_assistant_text", f"turn {k}: prompt region re-tokenizes differently: {p_full[:160]!r}"
             )
         cursor = pos + len(p_text)
-        prev_sampled = gen + dec(ids[turn.start : turn.end])
+        prev_sampled = gen + _decode(tok, ids[turn.start : turn.end])
     rest = canon[cursor:]
     close = tok.close_text(seg.template_kwargs)
     if rest.startswith(prev_sampled) and close.endswith(rest[len(prev_sampled) :]):
@@ -182,3 +161,39 @@ def audit_segment(tok: IncrementalTokenizer, seg: Segment) -> AuditReport:
     else:
         report.add("assistant_text")
     return report
+
+
+def _canonical(tok: IncrementalTokenizer, seg: Segment, report: AuditReport) -> str | None:
+    """The segment's messages rendered by the audit template, in the tokenizer's normal form (None: unrenderable)."""
+    kwargs: dict[str, Any] = dict(seg.template_kwargs)
+    template = audit_template(tok)
+    if template is not None:
+        kwargs["chat_template"] = template
+    try:
+        canon = tok.render(seg.messages, seg.tools, add_generation_prompt=False, template_kwargs=kwargs)
+    except TemplateError as e:
+        report.add("unrenderable", str(e))
+        return None
+    normalizer = getattr(getattr(tok.tokenizer, "backend_tokenizer", None), "normalizer", None)
+    if normalizer is not None:  # e.g. NFC: the ledger's text is what the tokenizer made of the messages
+        canon = normalizer.normalize_str(canon)
+    return str(canon)
+
+
+def _decode(tok: IncrementalTokenizer, ids: list[int]) -> str:
+    return str(tok.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+
+def _report_missing_prompt(
+    tok: IncrementalTokenizer, report: AuditReport, k: int, p_text: str, window: str
+) -> None:
+    """Classify a prompt region the canonical render does not contain, against the text where it should be."""
+    m = difflib.SequenceMatcher(None, p_text, window, autojunk=False).find_longest_match(
+        0, len(p_text), 0, len(window)
+    )
+    kind = _classify(tok, p_text, window[: max(len(p_text), m.b + m.size)])
+    report.add(
+        kind,
+        f"turn {k}: prompt region {p_text[:160]!r} is not in the canonical render "
+        f"(canonical text there: {window[:160]!r})",
+    )
