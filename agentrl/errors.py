@@ -6,6 +6,7 @@ branch in its ``errors.py``::
 
     AgentRLError
     ├── ConfigError              bad option, flag or config file (fail fast, before heavy work)
+    ├── ServerStartError         (RuntimeError) an in-process server (``BackgroundServer``) did not start
     ├── TrajectoryError          (ValueError) an update to a Trajectory breaks its invariants
     ├── ModelError               (agentrl.models) unknown model name, corrupt cache, failed build
     ├── EnvError                 (agentrl.envs) registry, contract and env-server failures
@@ -23,7 +24,7 @@ Messages say what failed, the value seen, and how to fix it.
 
 from __future__ import annotations
 
-__all__ = ["AgentRLError", "ConfigError", "TrajectoryError"]
+__all__ = ["AgentRLError", "ConfigError", "ServerStartError", "TrajectoryError"]
 
 
 class AgentRLError(Exception):
@@ -32,6 +33,11 @@ class AgentRLError(Exception):
 
 class ConfigError(AgentRLError, ValueError):
     """An option, flag or config file is invalid; raised before any heavy work starts."""
+
+
+class ServerStartError(AgentRLError, RuntimeError):
+    """An in-process server (:class:`agentrl.httpkit.BackgroundServer`) could not bind its port,
+    died while starting, or was not serving by its deadline."""
 
 
 class TrajectoryError(AgentRLError, ValueError):
