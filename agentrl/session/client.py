@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.httpkit import StatusMap
 from agentrl.session.errors import (
     ContextFullError,
     SessionEngineError,
@@ -42,17 +43,9 @@ def raise_for_status(resp: httpx.Response, where: str) -> None:
     A context-full turn (422, ``code: "context_length_exceeded"``) is a
     :class:`ContextFullError`, which callers treat as the model's error, not the server's.
     """
-    if resp.status_code < 400:
-        return
-    try:
-        err = resp.json()["error"]
-        message, code = str(err["message"]), err.get("code")
-    except (ValueError, KeyError, TypeError):
-        message, code = resp.text, None
-    text = f"{where} answered {resp.status_code}: {message}"
-    if resp.status_code == 422 and code == "context_length_exceeded":
-        raise ContextFullError(text)
-    raise _ERRORS.get(resp.status_code, SessionError)(text)
+    if resp.status_code >= 400:
+        table = StatusMap(SessionError, _ERRORS, {"context_length_exceeded": ContextFullError})
+        raise table.error(resp.status_code, resp.content, where)
 
 
 class SessionClient:
