@@ -144,9 +144,11 @@ async def test_model_eos_stops_unless_disabled(model: torch.nn.Module) -> None:
     try:
         with HFEngine(model, device="cpu") as eng:
             g = await eng.generate([9, 8, 7], sp(temperature=0.0, max_new_tokens=20))
+            past = await eng.generate([9, 8, 7], sp(temperature=0.0, max_new_tokens=20, ignore_eos=True))
     finally:
         model.generation_config.eos_token_id = None
     assert g.finish_reason == "stop" and g.output_ids[-1] == eos and len(g.output_ids) <= 4
+    assert past.finish_reason == "length" and past.output_ids == free.output_ids  # ignore_eos samples past it
 
 
 async def _wait_running(engine: HFEngine, min_tokens: int = 1) -> None:
