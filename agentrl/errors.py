@@ -6,6 +6,7 @@ branch in its ``errors.py``::
 
     AgentRLError
     ├── ConfigError              bad option, flag or config file (fail fast, before heavy work)
+    ├── ServerStartError         (RuntimeError) an in-process server (``BackgroundServer``) did not start
     ├── TrajectoryError          (ValueError) an update to a Trajectory breaks its invariants
     ├── LoopError                (RuntimeError) the run's event loop (agentrl.eventloop): closed,
     │   │                        or called from its own thread
@@ -26,7 +27,14 @@ Messages say what failed, the value seen, and how to fix it.
 
 from __future__ import annotations
 
-__all__ = ["AgentRLError", "ConfigError", "LoopError", "LoopTimeoutError", "TrajectoryError"]
+__all__ = [
+    "AgentRLError",
+    "ConfigError",
+    "LoopError",
+    "LoopTimeoutError",
+    "ServerStartError",
+    "TrajectoryError",
+]
 
 
 class AgentRLError(Exception):
@@ -35,6 +43,11 @@ class AgentRLError(Exception):
 
 class ConfigError(AgentRLError, ValueError):
     """An option, flag or config file is invalid; raised before any heavy work starts."""
+
+
+class ServerStartError(AgentRLError, RuntimeError):
+    """An in-process server (:class:`agentrl.httpkit.BackgroundServer`) could not bind its port,
+    died while starting, or was not serving by its deadline."""
 
 
 class TrajectoryError(AgentRLError, ValueError):

@@ -106,6 +106,8 @@ class SamplingParams(_Strict):
     max_new_tokens: int = Field(128, ge=1)
     stop_token_ids: list[int] = Field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False
+    """Keep sampling past the model's EOS ids (``stop_token_ids`` still stop); SGLang's field of that name."""
 
     @field_validator("temperature")
     @classmethod

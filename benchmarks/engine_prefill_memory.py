@@ -23,7 +23,7 @@ def _one(model: str, tokens: int, chunk: int) -> dict[str, float]:
     import time
 
     import agentrl.engines.batch as batch_mod
-    from agentrl.engines import HFEngine
+    from agentrl.engines import HFEngine, run_sync
     from agentrl.models import load_model, resolve
     from agentrl.types import SamplingParams
 
@@ -34,7 +34,8 @@ def _one(model: str, tokens: int, chunk: int) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with HFEngine(m, device="cpu", seed=0, max_context=tokens + 8, prefix_cache_bytes=0) as eng:
         t0 = time.perf_counter()
-        g = eng.generate_sync(prompt, SamplingParams(temperature=0.0, max_new_tokens=1), timeout=1800)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=1)
+        g = run_sync(eng.generate(prompt, greedy), timeout_s=1800, what="prefill")
         seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"seconds": seconds, "peak_mb": peak / 1024, "base_mb": before / 1024, "token": g.output_ids[0]}

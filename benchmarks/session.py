@@ -159,7 +159,8 @@ def bench_server(
     import httpx
 
     from agentrl.engines import HFEngine
-    from agentrl.session.server import BackgroundServer, create_app
+    from agentrl.httpkit import BackgroundServer
+    from agentrl.session.server import create_app
 
     engine = TimedEngine(HFEngine(model, device="cpu", seed=0, max_context=1 << 18))
     sm = SessionManager(tok, engine, model_name=model)

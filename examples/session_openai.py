@@ -18,8 +18,9 @@ from typing import Any
 import httpx
 import openai
 
+from agentrl.httpkit import BackgroundServer
 from agentrl.session.commands import build_manager
-from agentrl.session.server import BackgroundServer, create_app
+from agentrl.session.server import create_app
 
 TOOLS: list[Any] = [
     {

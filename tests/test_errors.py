@@ -191,5 +191,5 @@ def test_new_classes_keep_the_builtin_callers_catch() -> None:
     assert issubclass(agentrl.TrajectoryError, ValueError)
     assert issubclass(trainer_errors.LossInputError, ValueError)
     assert issubclass(envs.EnvDefinitionError, ValueError)
-    assert issubclass(envs.EnvServerStartError, RuntimeError)
+    assert issubclass(agentrl.errors.ServerStartError, RuntimeError)
     assert issubclass(agentrl.ConfigError, ValueError)

@@ -38,7 +38,6 @@ from pydantic import ValidationError
 from agentrl.engines.batch import PrefixCache
 from agentrl.engines.errors import (
     ContextLengthError,
-    EngineTimeoutError,
     InvalidSamplingError,
     InvalidTokenError,
     WeightUpdateError,
@@ -128,33 +127,13 @@ class HFEngine:
             if device is not None
             else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         )
-        if isinstance(model, (str, os.PathLike)):
-            self.model_name = name or str(model)
-            if dtype is None and self.device.type == "cpu":
-                dtype = torch.float32
-            model = load_causal_lm(model, self.device, dtype)
-        else:
-            self.model_name = (
-                name or getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
-            )
-            model = model.to(device=self.device, dtype=dtype) if dtype is not None else model.to(self.device)
+        self.model_name, model = _place_model(model, self.device, dtype, name)
         self.model = model.eval()
-        config = model.config
-        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-        if layer_types != {"full_attention"}:
-            raise ConfigError(
-                f"HFEngine supports full-attention models only; this model has layer types {sorted(layer_types)} "
-                "(disable sliding windows in its config, or serve it with SGLang)"
-            )
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        self.max_context = int(max_context or getattr(config, "max_position_embeddings", 0) or 1 << 30)
+        self.max_context = int(max_context or getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if eos is None:
-            eos = getattr(config, "eos_token_id", None)
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_token_ids: frozenset[int] = frozenset(eos_ids) if stop_on_eos else frozenset()
+        self.eos_token_ids: frozenset[int] = _eos_ids(model) if stop_on_eos else frozenset()
         self._cache_kw = (
             "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         )
@@ -192,61 +171,33 @@ class HFEngine:
     async def generate(
         self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
     ) -> Generation:
-        """Generate one completion; see the module docstring for batching, seeds and versions."""
-        fut = self.submit(input_ids, sampling, request_id=request_id)
+        """Generate one completion; see the module docstring for batching, seeds and versions.
+
+        Bad input raises before the request is queued. Cancelling the call aborts the request.
+        Sync code calls ``run_sync(engine.generate(...), timeout_s=..., what=...)``.
+        """
+        rid = request_id or uuid.uuid4().hex
+        fut = self._submit(input_ids, parse_sampling(sampling), rid)
         try:
             return await asyncio.wrap_future(fut)
         except asyncio.CancelledError:
-            self._sched.abort(self._rid_of(fut))
+            self._sched.abort(rid)
             raise
 
-    def generate_sync(
-        self,
-        input_ids: list[int],
-        sampling: SamplingLike = None,
-        *,
-        request_id: str | None = None,
-        timeout: float | None = None,
-    ) -> Generation:
-        """Blocking ``generate`` for scripts (no event loop needed)."""
-        fut = self.submit(input_ids, sampling, request_id=request_id)
-        try:
-            return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
-            self._sched.abort(self._rid_of(fut))
-            raise EngineTimeoutError(
-                f"generate did not finish within {timeout} s (request aborted)"
-            ) from None
-
-    def submit(
-        self,
-        input_ids: list[int],
-        sampling: SamplingLike = None,
-        *,
-        request_id: str | None = None,
-        ignore_eos: bool = False,
+    def _submit(
+        self, input_ids: list[int], params: SamplingParams, rid: str
     ) -> concurrent.futures.Future[Generation]:
-        """Validate and enqueue a request; the future resolves to its ``Generation``. Bad input raises now.
-
-        ``ignore_eos`` keeps generating past the model's EOS ids (``stop_token_ids`` still stop).
-        """
-        params = parse_sampling(sampling)
+        """Validate and enqueue a request (bad input raises here); the future resolves to its ``Generation``."""
         prompt = self._validate_prompt(input_ids, params)
-        rid = request_id or uuid.uuid4().hex
         gen = torch.Generator(device="cpu")
         gen.manual_seed(params.seed if params.seed is not None else next(self._seeds))
         fut: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if ignore_eos else self.eos_token_ids)
-        req = Request(rid, prompt, params, stop_ids, gen, fut)
-        fut.request_id = rid  # type: ignore[attr-defined]
-        self._sched.add(req)
+        eos = frozenset() if params.ignore_eos else self.eos_token_ids
+        self._sched.add(Request(rid, prompt, params, frozenset(params.stop_token_ids) | eos, gen, fut))
         return fut
 
     async def abort(self, request_id: str) -> bool:
         """Stop a request; its ``generate`` returns the tokens so far with finish_reason "abort"."""
-        return self._sched.abort(request_id)
-
-    def abort_sync(self, request_id: str) -> bool:
         return self._sched.abort(request_id)
 
     @property
@@ -301,10 +252,6 @@ class HFEngine:
     async def flush_cache(self) -> None:
         """Drop the prompt-prefix cache (KV that no running request needs)."""
         await asyncio.wrap_future(self._sched.queue_update(self._sched.flush_prefix_cache, drain=False))
-
-    async def abort_all(self) -> int:
-        """Abort every waiting and running request; returns how many were aborted."""
-        return self._sched.abort_all()
 
     # torch.distributed weight transfer (the SGLang endpoint names; see agentrl.engines.weights)
 
@@ -434,10 +381,6 @@ class HFEngine:
             )
         return list(input_ids)
 
-    @staticmethod
-    def _rid_of(fut: concurrent.futures.Future[Generation]) -> str:
-        return str(getattr(fut, "request_id", ""))
-
     def _forward(
         self, input_ids: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor, cache: Any
     ) -> torch.Tensor:
@@ -465,6 +408,38 @@ class HFEngine:
         for name, dst in targets.items():
             dst.copy_(tensors[name])
         return self._sched.weights_changed(version)
+
+
+def _place_model(
+    model: Any, device: torch.device, dtype: torch.dtype | None, name: str | None
+) -> tuple[str, Any]:
+    """``(model name, model on device)``: a name or path is loaded (float32 on CPU unless ``dtype``),
+    a module is moved; a model with other than full-attention layers is refused."""
+    if isinstance(model, (str, os.PathLike)):
+        model_name = name or str(model)
+        if dtype is None and device.type == "cpu":
+            dtype = torch.float32
+        model = load_causal_lm(model, device, dtype)
+    else:
+        model_name = (
+            name or getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
+        )
+        model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+    layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise ConfigError(
+            f"HFEngine supports full-attention models only; this model has layer types {sorted(layer_types)} "
+            "(disable sliding windows in its config, or serve it with SGLang)"
+        )
+    return model_name, model
+
+
+def _eos_ids(model: Any) -> frozenset[int]:
+    """The model's EOS ids: its generation config's, else its config's."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return frozenset([eos] if isinstance(eos, int) else list(eos or []))
 
 
 def _as_version(v: int | str | None) -> int | None:

@@ -131,14 +131,6 @@ class Scheduler:
             self.stats["requests"] += 1
             self._cv.notify_all()
 
-    def abort_all(self) -> int:
-        with self._cv:
-            live = [r for r in self._by_id.values() if not r.future.done()]
-            for r in live:
-                r.abort_requested = True
-            self._cv.notify_all()
-        return len(live)
-
     def counts(self) -> dict[str, Any]:
         with self._cv:
             return {"closed": self._closed, "running": len(self._running), "waiting": len(self._waiting)}

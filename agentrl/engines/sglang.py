@@ -35,6 +35,7 @@ from agentrl.engines.errors import (
 from agentrl.engines.hf import SamplingLike, parse_sampling
 from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, run_sync
 from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
+from agentrl.httpkit import StatusMap
 from agentrl.types import SamplingParams
 
 __all__ = ["SGLangEngine", "to_sglang_sampling"]
@@ -55,7 +56,23 @@ def to_sglang_sampling(params: SamplingParams) -> dict[str, Any]:
         out["stop_token_ids"] = list(params.stop_token_ids)
     if params.seed is not None:
         out["sampling_seed"] = params.seed
+    if params.ignore_eos:
+        out["ignore_eos"] = True
     return out
+
+
+# An answer naming an agentrl engine error class (the engine and session servers do) is raised as
+# that class; otherwise 504 is a deadline, another 4xx a bad request, a 5xx the server's failure.
+_ERRORS = StatusMap[EngineError](
+    default=EngineUnavailableError,
+    by_status={504: EngineTimeoutError},
+    by_kind={
+        name: cls
+        for name in engine_errors.__all__
+        if isinstance(cls := getattr(engine_errors, name), type) and issubclass(cls, EngineError)
+    },
+    client_error=EngineRequestError,
+)
 
 
 def _int_version(v: Any, default: int) -> int:
@@ -144,25 +161,7 @@ class SGLangEngine:
         raise AssertionError("unreachable")
 
     def _raise_for(self, resp: httpx.Response, path: str) -> None:
-        if resp.status_code < 400:
-            return
-        try:
-            body = resp.json()
-        except ValueError:
-            body = {"error": {"message": resp.text}}
-        err = body.get("error") if isinstance(body, dict) else None
-        message = (err or {}).get("message") if isinstance(err, dict) else None
-        message = message or (body.get("message") if isinstance(body, dict) else None) or resp.text
-        kind = (err or {}).get("type") if isinstance(err, dict) else None
-        where = f"{self.base_url}{path} answered {resp.status_code}: {message}"
-        cls = getattr(engine_errors, kind, None) if isinstance(kind, str) else None
-        if isinstance(cls, type) and issubclass(cls, EngineError):
-            raise cls(where)
-        if resp.status_code == 504:
-            raise EngineTimeoutError(where)
-        if 400 <= resp.status_code < 500:
-            raise EngineRequestError(where)
-        raise EngineUnavailableError(where)
+        _ERRORS.raise_for(resp.status_code, resp.content, f"{self.base_url}{path}")
 
     # ------------------------------------------------------------------ Engine protocol
 

@@ -46,6 +46,7 @@ from agentrl.envs.errors import (
     ServerBusyError,
 )
 from agentrl.envs.http1 import Http1Connection
+from agentrl.httpkit import ErrorAnswer, StatusMap
 from agentrl.types import Message, ToolSpec
 
 __all__ = ["RemoteEnv"]
@@ -75,19 +76,20 @@ def _httpx_failure(e: httpx.TransportError) -> _Failure:
     return _Failure("transport", type(e).__name__, e)
 
 
-def _error(op: str, url: str, answer: _Answer) -> EnvServerError:
-    try:
-        body = json.loads(answer.body)
-        detail, infra = str(body.get("detail", body)), body.get("infra_error")
-    except ValueError:
-        detail, infra = answer.body.decode(errors="replace")[:500], None
-    status = answer.status
-    message = f"{op} {url}: HTTP {status}: {detail}"
-    if status in (429, 503):
-        return ServerBusyError(message, status=status, detail=detail, infra_error=infra)
-    if status == 504 or infra == "timeout":
-        return EpisodeTimeoutError(message, status=status, detail=detail, infra_error=infra or "timeout")
-    return EnvServerError(message, status=status, detail=detail, infra_error=infra)
+def _build(cls: type[EnvServerError], where: str, answer: ErrorAnswer) -> EnvServerError:
+    infra = answer.kind or ("timeout" if cls is EpisodeTimeoutError else None)
+    message = f"{where}: HTTP {answer.status}: {answer.message}"
+    return cls(message, status=answer.status, detail=answer.message, infra_error=infra)
+
+
+# 429/503: the live-episode cap (or a proxy's overload); 504 or infra_error "timeout": the server's
+# step deadline passed; any other error answer keeps its status, detail and infra_error.
+_STATUS = StatusMap[EnvServerError](
+    default=EnvServerError,
+    by_status={429: ServerBusyError, 503: ServerBusyError, 504: EpisodeTimeoutError},
+    by_kind={"timeout": EpisodeTimeoutError},
+    build=_build,
+)
 
 
 _RETRY = object()  # an attempt that should be repeated after a back-off
@@ -261,7 +263,7 @@ class RemoteEnv(Env):
         if answer.status < 400:
             return json.loads(answer.body)
         if not (busy_retry and answer.status in (429, 503)) or last:
-            raise _error(method, f"{self.url}{path}", answer)
+            raise _STATUS.error(answer.status, answer.body, where)
         return _RETRY
 
     def _created(self, info: dict[str, Any]) -> None:

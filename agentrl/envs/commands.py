@@ -72,11 +72,18 @@ def _serve_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
-    """Add this package's subcommands to the `agentrl` parser's subparsers."""
-    p = sub.add_parser("envs", help="list the registered environments")
-    p.set_defaults(func=_envs)
+def _add_import(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it registers your envs); repeatable",
+    )
 
+
+def _add_check_env(sub: Any) -> None:
     p = sub.add_parser("check-env", help="run the env conformance checker on one env id or 'all'")
     p.add_argument("env", metavar="ID|all", help="an env id such as countdown-v0, or 'all'")
     p.add_argument("--seed", type=int, default=0, help="seed of the checked episodes (default 0)")
@@ -87,63 +94,30 @@ def register(sub: Any) -> None:
         choices=["empty-reply"],
         help="skip an optional check (empty-reply: the reward-hack probe)",
     )
-    p.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE first (it registers your envs); repeatable",
-    )
+    _add_import(p)
     p.set_defaults(func=_check_env)
 
-    from agentrl.envs.server_config import ServerConfig as _C
 
-    d = _C(env_ids=["x"])
+def _add_serve_env(sub: Any) -> None:
+    from agentrl.envs.server_config import ServerConfig
+
+    d = ServerConfig(env_ids=["x"])  # the defaults, shown in --help
     p = sub.add_parser("serve-env", help="serve environments over HTTP (FastAPI + uvicorn)")
     p.add_argument(
         "--env", action="append", required=True, metavar="ID", help="env id to serve; repeat to serve several"
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8100, help="port (default 8100; 0 picks a free one)")
-    p.add_argument(
-        "--max-episodes",
-        type=int,
-        default=d.max_episodes,
-        help=f"live-episode cap; beyond it create answers 429 (default {d.max_episodes})",
-    )
-    p.add_argument(
-        "--step-timeout",
-        type=float,
-        default=d.step_timeout_s,
-        help=f"per reset/step deadline in seconds (default {d.step_timeout_s})",
-    )
-    p.add_argument(
-        "--ttl",
-        type=float,
-        default=d.episode_ttl_s,
-        help=f"idle seconds before an episode is reaped (default {d.episode_ttl_s})",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=d.max_body_bytes,
-        help=f"largest accepted request body (default {d.max_body_bytes})",
-    )
-    p.add_argument(
-        "--env-threads",
-        type=int,
-        default=d.env_threads,
-        help=f"worker threads running sync env code (default {d.env_threads})",
-    )
-    p.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE first (it registers your envs); repeatable",
-    )
+    limits: list[tuple[str, type, Any, str]] = [
+        ("--max-episodes", int, d.max_episodes, "live-episode cap; beyond it create answers 429"),
+        ("--step-timeout", float, d.step_timeout_s, "per reset/step deadline in seconds"),
+        ("--ttl", float, d.episode_ttl_s, "idle seconds before an episode is reaped"),
+        ("--max-body-bytes", int, d.max_body_bytes, "largest accepted request body"),
+        ("--env-threads", int, d.env_threads, "worker threads running sync env code"),
+    ]
+    for flag, kind, default, what in limits:
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+    _add_import(p)
     p.add_argument(
         "--expose-oracle",
         action="store_true",
@@ -151,3 +125,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(func=_serve_env)
+
+
+def register(sub: Any) -> None:
+    """Add this package's subcommands to the `agentrl` parser's subparsers."""
+    p = sub.add_parser("envs", help="list the registered environments")
+    p.set_defaults(func=_envs)
+    _add_check_env(sub)
+    _add_serve_env(sub)

@@ -16,8 +16,6 @@
         ├── EnvInfraError                    the env's own infrastructure failed (a sandbox died, a backing
         │                                    service is down): aborts the episode, never shown to the model
         ├── EnvCheckError (AssertionError)   ``check_env`` found a violation (message names check, cause, fix)
-        ├── EnvServerStartError (RuntimeError)
-        │                                    an in-process ``ServerThread`` did not start within 10 s
         └── RemoteEnvError                   the env server client failed
             ├── EnvConnectionError           could not connect / connection dropped (safe to retry a create)
             ├── EnvTimeoutError              connect or read deadline passed (client side)
@@ -42,7 +40,6 @@ __all__ = [
     "EnvError",
     "EnvInfraError",
     "EnvServerError",
-    "EnvServerStartError",
     "EnvTimeoutError",
     "EpisodeDoneError",
     "EpisodeTimeoutError",
@@ -108,10 +105,6 @@ class ToolError(EnvError):
 
 class EnvCheckError(EnvError, AssertionError):
     """``check_env`` found a contract violation."""
-
-
-class EnvServerStartError(EnvError, RuntimeError):
-    """An in-process env server (``agentrl.envs.server.ServerThread``) did not start: its thread died or 10 s passed."""
 
 
 class RemoteEnvError(EnvError):

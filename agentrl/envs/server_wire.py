@@ -1,19 +1,26 @@
-"""Wire models of the env server: the JSON bodies its OpenAPI schema documents.
+"""Wire format of the env server: the JSON bodies its OpenAPI schema documents, and its error body.
 
 Unknown fields are rejected (``extra="forbid"``), so a typo in a client is a 422
-naming the field, never a silently ignored option.
+naming the field, never a silently ignored option. Every error answer is
+``{"detail": str, "infra_error": str | None}`` (:class:`ErrorResponse`), raised inside
+the server as :class:`EnvHTTPError` and written by :func:`error_response`, whichever
+layer (FastAPI route or the fast path) answers.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
+import orjson
 import pydantic
+from starlette.responses import Response
 
 from agentrl.types import Message, ToolSpec
 
 __all__ = [
     "CreateEpisode",
+    "EnvHTTPError",
     "EpisodeInfo",
     "ErrorResponse",
     "OracleResponse",
@@ -22,7 +29,40 @@ __all__ = [
     "StepRequest",
     "StepResponse",
     "ToolsResponse",
+    "error_payload",
+    "json_bytes",
+    "json_response",
 ]
+
+
+class EnvHTTPError(Exception):
+    """An error answer of the env server: ``status`` with ``{"detail", "infra_error"}`` (and ``headers``)."""
+
+    def __init__(
+        self, status: int, detail: str, infra_error: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.infra_error, self.headers = status, detail, infra_error, headers
+
+
+def error_payload(detail: str, infra_error: str | None = None) -> dict[str, Any]:
+    return {"detail": detail, "infra_error": infra_error}
+
+
+def json_bytes(data: Any) -> bytes:
+    """Serialize a response body; orjson first, the stdlib encoder for what orjson refuses.
+
+    orjson raises on integers beyond 64 bits (an env may echo a user's huge ``options`` value into
+    ``info``); the stdlib encoder writes them exactly, so such a reply is still answered, not dropped.
+    """
+    try:
+        return orjson.dumps(data, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+    except TypeError:
+        return json.dumps(data, default=str, ensure_ascii=False).encode()
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json_bytes(data), status_code=status, media_type="application/json", headers=headers)
 
 
 class _Body(pydantic.BaseModel):

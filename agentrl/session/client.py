@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.httpkit import StatusMap
 from agentrl.session.backend import ChatResult
 from agentrl.session.errors import (
     ContextFullError,
@@ -65,17 +66,9 @@ def raise_for_status(resp: httpx.Response, where: str) -> None:
     A context-full turn (422, ``code: "context_length_exceeded"``) is a
     :class:`ContextFullError`, which callers treat as the model's error, not the server's.
     """
-    if resp.status_code < 400:
-        return
-    try:
-        err = resp.json()["error"]
-        message, code = str(err["message"]), err.get("code")
-    except (ValueError, KeyError, TypeError):
-        message, code = resp.text, None
-    text = f"{where} answered {resp.status_code}: {message}"
-    if resp.status_code == 422 and code == "context_length_exceeded":
-        raise ContextFullError(text)
-    raise _ERRORS.get(resp.status_code, SessionError)(text)
+    if resp.status_code >= 400:
+        table = StatusMap(SessionError, _ERRORS, {"context_length_exceeded": ContextFullError})
+        raise table.error(resp.status_code, resp.content, where)
 
 
 def _messages(messages: list[Message]) -> list[dict[str, Any]]:
@@ -89,6 +82,11 @@ def _sampling_fields(sampling: SamplingParams | None) -> dict[str, Any]:
         raise SessionRequestError(
             f"stop_token_ids={sp.stop_token_ids} cannot be sent to a session server (it stops at the "
             "chat template's end-of-turn tokens); leave them empty"
+        )
+    if sp.ignore_eos:
+        raise SessionRequestError(
+            "ignore_eos=True cannot be sent to a session server (a turn ends at the chat template's "
+            "end-of-turn token, which the ledger needs); leave it False"
         )
     out: dict[str, Any] = {"max_tokens": sp.max_new_tokens, "temperature": sp.temperature, "top_p": sp.top_p}
     if sp.top_k > 0:

@@ -222,6 +222,28 @@ async def test_abort_and_deadline_over_http(server: SGLangServer, client: SGLang
         assert (await c.get("/get_server_info")).json()["running"] == 0
 
 
+async def test_abort_all_and_a_failed_batch_leave_nothing_running(
+    server: SGLangServer, client: SGLangEngine
+) -> None:
+    tasks = [
+        asyncio.create_task(client.generate([1, 2], sp(max_new_tokens=120, seed=s), request_id=f"all-{s}"))
+        for s in (1, 2)
+    ]
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as c:
+        for _ in range(500):
+            if (await c.get("/get_server_info")).json()["running"] > 0:
+                break
+            await asyncio.sleep(0.01)
+        assert (await c.post("/abort_request", json={"abort_all": True})).status_code == 200
+        gens = await asyncio.gather(*tasks)
+        assert [g.finish_reason for g in gens] == ["abort", "abort"]
+        # a batch whose second prompt is bad is refused whole: the first is aborted, nothing keeps running
+        bad = {"input_ids": [[1, 2], [VOCAB + 1]], "sampling_params": {"max_new_tokens": 100}}
+        r = await c.post("/generate", json=bad)
+        assert r.status_code == 400 and "outside the model's vocabulary" in r.json()["error"]["message"]
+        assert (await c.get("/get_server_info")).json()["running"] == 0
+
+
 def test_sglang_launcher_command_and_missing_install() -> None:
     cmd = sglang_command("Qwen/Qwen3-0.6B", port=31000, tp_size=2, dtype="bfloat16", seed=1)
     assert cmd[1:3] == ["-m", "sglang.launch_server"]

@@ -144,9 +144,11 @@ async def test_model_eos_stops_unless_disabled(model: torch.nn.Module) -> None:
     try:
         with HFEngine(model, device="cpu") as eng:
             g = await eng.generate([9, 8, 7], sp(temperature=0.0, max_new_tokens=20))
+            past = await eng.generate([9, 8, 7], sp(temperature=0.0, max_new_tokens=20, ignore_eos=True))
     finally:
         model.generation_config.eos_token_id = None
     assert g.finish_reason == "stop" and g.output_ids[-1] == eos and len(g.output_ids) <= 4
+    assert past.finish_reason == "length" and past.output_ids == free.output_ids  # ignore_eos samples past it
 
 
 async def _wait_running(engine: HFEngine, min_tokens: int = 1) -> None:
@@ -284,12 +286,12 @@ async def test_drain_update_waits_for_running_requests(engine: HFEngine) -> None
 
 def test_sync_api_for_scripts(model: torch.nn.Module) -> None:
     with HFEngine(model, device="cpu", stop_on_eos=False) as eng:
-        g = eng.generate_sync([1, 2, 3], {"max_new_tokens": 5, "seed": 3})
+        g = run_sync(eng.generate([1, 2, 3], {"max_new_tokens": 5, "seed": 3}), timeout_s=60, what="generate")
         assert len(g.output_ids) == 5
         update = eng.update_weights_from_state_dict(tiny_qwen2(seed=1).state_dict())
         assert run_sync(update, timeout_s=60, what="update") == 1
     with pytest.raises(Exception, match="closed"):
-        eng.generate_sync([1], {"max_new_tokens": 1})
+        run_sync(eng.generate([1], {"max_new_tokens": 1}), timeout_s=60, what="generate")
 
 
 async def test_next_turn_reuses_the_cached_prefix_with_identical_results(model: torch.nn.Module) -> None:
@@ -352,10 +354,11 @@ async def test_identical_prompts_arriving_together_share_one_prefill(model: torc
         # so that all four arrive in one admission (as a GRPO group does under load).
         gate = threading.Event()
         held = eng._sched.queue_update(lambda: int(gate.wait(30)), drain=False)
-        futures = [eng.submit(p, sp(max_new_tokens=10, seed=s)) for s in seeds]
+        tasks = [asyncio.create_task(eng.generate(p, sp(max_new_tokens=10, seed=s))) for s in seeds]
+        await asyncio.sleep(0)  # each task runs until its request is queued
         gate.set()
         held.result(30)
-        group = [await asyncio.wrap_future(f) for f in futures]
+        group = list(await asyncio.gather(*tasks))
         assert eng.stats["prefill_tokens"] - before == len(p)  # one prefill for the whole group
     for a, g in zip(alone, group, strict=True):
         assert a.output_ids == g.output_ids

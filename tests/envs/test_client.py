@@ -21,7 +21,8 @@ from agentrl.envs import (
 )
 from agentrl.envs.client import RemoteEnv
 from agentrl.envs.http1 import Http1Connection
-from agentrl.envs.server import ServerConfig, ServerThread
+from agentrl.envs.server import ServerConfig, create_app
+from agentrl.httpkit import BackgroundServer
 from agentrl.types import Message
 
 STEPS: list[str] = []  # what actually reached the env
@@ -50,8 +51,10 @@ register("test-client-sleepy-v0", Sleepy, override=True)
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    with ServerThread(ServerConfig(env_ids=["test-client-sleepy-v0"], step_timeout_s=1.5)) as u:
-        yield u
+    with BackgroundServer(
+        create_app(ServerConfig(env_ids=["test-client-sleepy-v0"], step_timeout_s=1.5))
+    ) as srv:
+        yield srv.url
 
 
 def say(text: str) -> Message:
@@ -85,7 +88,8 @@ def test_async_typed_errors_and_no_unsafe_retry(url: str) -> None:
 
 
 def test_async_busy_server_and_episode_lifecycle() -> None:
-    with ServerThread(ServerConfig(env_ids=["test-client-sleepy-v0"], max_episodes=1)) as url:
+    with BackgroundServer(create_app(ServerConfig(env_ids=["test-client-sleepy-v0"], max_episodes=1))) as srv:
+        url = srv.url
 
         async def main() -> None:
             first = RemoteEnv(url, "test-client-sleepy-v0")

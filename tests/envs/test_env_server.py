@@ -24,7 +24,8 @@ from agentrl.envs import (
 )
 from agentrl.envs.checker import check_env
 from agentrl.envs.client import RemoteEnv
-from agentrl.envs.server import ServerConfig, ServerThread
+from agentrl.envs.server import ServerConfig, create_app
+from agentrl.httpkit import BackgroundServer
 from agentrl.types import Message
 
 STEPS: list[str] = []  # what actually reached the env, across threads
@@ -62,8 +63,8 @@ def url() -> Iterator[str]:
         step_timeout_s=1.5,
         max_body_bytes=20_000,
     )
-    with ServerThread(config) as u:
-        yield u
+    with BackgroundServer(create_app(config)) as srv:
+        yield srv.url
 
 
 @pytest.fixture()
@@ -297,13 +298,13 @@ def test_env_exception_is_an_infra_error_of_that_episode(http: httpx.Client) -> 
 
 def test_ttl_reaping_and_live_episode_cap() -> None:
     config = ServerConfig(env_ids=["countdown-v0"], max_episodes=2, episode_ttl_s=0.3, reap_interval_s=0.05)
-    with ServerThread(config) as url, httpx.Client(base_url=url, timeout=10) as http:
+    with BackgroundServer(create_app(config)) as srv, httpx.Client(base_url=srv.url, timeout=10) as http:
         a, _ = create(http), create(http)
         r = http.post("/episodes", json={"env_id": "countdown-v0"})
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["detail"].startswith("the live-episode cap of 2 is reached; close finished episodes")
         with pytest.raises(ServerBusyError, match="HTTP 429: the live-episode cap of 2") as e:
-            RemoteEnv(url, "countdown-v0", retries=0).reset(seed=0)
+            RemoteEnv(srv.url, "countdown-v0", retries=0).reset(seed=0)
         assert e.value.status == 429
         deadline = time.monotonic() + 10
         while http.get("/health").json()["live_episodes"] and time.monotonic() < deadline:
@@ -371,7 +372,8 @@ def test_remote_env_typed_errors_and_no_unsafe_retry(url: str) -> None:
 
 def test_cap_holds_under_concurrent_creates() -> None:
     config = ServerConfig(env_ids=["countdown-v0"], max_episodes=5)
-    with ServerThread(config) as url:
+    with BackgroundServer(create_app(config)) as srv:
+        url = srv.url
 
         async def main() -> list[int]:
             async with httpx.AsyncClient(base_url=url, timeout=10) as c:
@@ -397,7 +399,8 @@ def test_remote_env_passes_check_env_and_oracle_is_opt_in(url: str) -> None:
     ):
         plain.oracle_action()
     plain.close()
-    with ServerThread(ServerConfig(env_ids=["calculator-v0"], expose_oracle=True)) as oracle_url:
+    with BackgroundServer(create_app(ServerConfig(env_ids=["calculator-v0"], expose_oracle=True))) as srv:
+        oracle_url = srv.url
         report = check_env(lambda: RemoteEnv(oracle_url, "calculator-v0"))
         assert {"oracle", "determinism", "bad-tool-call", "independence", "async", "close"} <= set(
             report.passed
@@ -407,7 +410,8 @@ def test_remote_env_passes_check_env_and_oracle_is_opt_in(url: str) -> None:
 
 def test_remote_env_reset_recreates_a_reaped_episode() -> None:
     config = ServerConfig(env_ids=["countdown-v0"], episode_ttl_s=0.2, reap_interval_s=0.05)
-    with ServerThread(config) as url:
+    with BackgroundServer(create_app(config)) as srv:
+        url = srv.url
         env = RemoteEnv(url, "countdown-v0")
         first, _ = env.reset(seed=1)
         old = env.episode_id

@@ -11,7 +11,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrl.envs.server import ServerConfig, ServerThread
+from agentrl.envs.server import ServerConfig, create_app
+from agentrl.httpkit import BackgroundServer
 
 CONFIG = ServerConfig(
     env_ids=["countdown-v0", "calculator-v0", "guess-number-v0"], max_body_bytes=50_000, max_episodes=10_000
@@ -20,8 +21,8 @@ CONFIG = ServerConfig(
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    with ServerThread(CONFIG) as url:
-        yield url
+    with BackgroundServer(create_app(CONFIG)) as srv:
+        yield srv.url
 
 
 def test_schema_driven_fuzz_finds_no_server_error(server_url: str) -> None:

@@ -13,8 +13,9 @@ import pytest
 from rawhttp import RawConnection
 from scripted import ScriptedEngine
 
+from agentrl.httpkit import BackgroundServer
 from agentrl.session.manager import SessionManager
-from agentrl.session.server import BackgroundServer, create_app
+from agentrl.session.server import create_app
 from agentrl.types import Trajectory
 
 TOOLS: list[Any] = [

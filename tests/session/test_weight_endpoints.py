@@ -12,8 +12,9 @@ import torch
 
 from agentrl.engines import HFEngine, WeightUpdateError, run_sync
 from agentrl.engines.sglang import SGLangEngine
+from agentrl.httpkit import BackgroundServer
 from agentrl.session.manager import SessionManager
-from agentrl.session.server import BackgroundServer, create_app
+from agentrl.session.server import create_app
 from agentrl.trainer.weight_sync import BroadcastSync, save_weights_dir
 
 GREEDY = {"max_tokens": 6, "temperature": 0.0, "logprobs": True}

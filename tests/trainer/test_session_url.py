@@ -12,9 +12,10 @@ from rich.console import Console
 
 from agentrl.engines.hf import HFEngine
 from agentrl.errors import ConfigError
+from agentrl.httpkit import BackgroundServer
 from agentrl.models import load_tokenizer
 from agentrl.session.manager import SessionManager
-from agentrl.session.server import BackgroundServer, create_app
+from agentrl.session.server import create_app
 from agentrl.trainer.config import resolve
 from agentrl.trainer.loop import train
 from agentrl.trainer.metrics import read_jsonl

@@ -11,6 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _tiny import tiny_model  # noqa: E402
 
+from agentrl.engines import run_sync  # noqa: E402
 from agentrl.engines.hf import HFEngine  # noqa: E402
 from agentrl.trainer.errors import WeightSyncError  # noqa: E402
 from agentrl.trainer.weight_sync import BroadcastSync, DiskSync, InProcessSync  # noqa: E402
@@ -38,7 +39,11 @@ def test_sync_copies_weights_and_bumps_version(kind, tmp_path):
             assert res.buckets > 1
         for k, v in engine.model.state_dict().items():
             torch.testing.assert_close(v, new[k], rtol=0, atol=0, msg=k)
-        gen = engine.generate_sync([1, 2, 3], {"max_new_tokens": 3, "temperature": 0.0}, timeout=30)
+        gen = run_sync(
+            engine.generate([1, 2, 3], {"max_new_tokens": 3, "temperature": 0.0}),
+            timeout_s=30,
+            what="generate",
+        )
         assert set(gen.weight_versions) == {1}
         assert sync.push(new).version == 2
         sync.close()
