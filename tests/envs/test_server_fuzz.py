@@ -24,6 +24,7 @@ def server_url() -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 def test_schema_driven_fuzz_finds_no_server_error(server_url: str) -> None:
     schema = schemathesis.openapi.from_url(server_url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
@@ -85,6 +86,7 @@ actions = (
 )
 
 
+@pytest.mark.slow
 @given(
     env_id=st.sampled_from(CONFIG.env_ids),
     seed=st.integers(-5, 2**64) | st.none() | st.text(max_size=3),
