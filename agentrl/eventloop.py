@@ -59,9 +59,7 @@ class LoopThread:
         """Run ``coro`` on the loop and wait for its result, at most ``timeout_s`` seconds."""
         if threading.current_thread() is self._thread:
             coro.close()
-            raise LoopError(
-                f"{what}: LoopThread.run was called on its own loop's thread; await it instead"
-            )
+            raise LoopError(f"{what}: LoopThread.run was called on its own loop's thread; await it instead")
         fut = self.submit(coro)
         try:
             return fut.result(timeout=timeout_s)

@@ -56,11 +56,11 @@ ALLOWED_IN_FUNCTION = {
     # them at once and raise SandboxLost naming them ("malformed result (TypeError: ...)").
     ("envs/sandbox/base.py", "recv_line", "TimeoutError"),
     ("envs/sandbox/base.py", "_request", "ValueError"),
-    ("envs/sandbox/base.py", "_b64_capped", "ValueError"),
-    ("envs/sandbox/base.py", "_int_or_none", "TypeError"),
-    ("envs/sandbox/base.py", "_seconds", "TypeError"),
-    ("envs/sandbox/base.py", "_parse_reply", "ValueError"),
-    ("envs/sandbox/base.py", "_parse_reply", "TypeError"),
+    ("envs/sandbox/protocol.py", "_b64_capped", "ValueError"),
+    ("envs/sandbox/protocol.py", "_int_or_none", "TypeError"),
+    ("envs/sandbox/protocol.py", "_seconds", "TypeError"),
+    ("envs/sandbox/protocol.py", "parse_reply", "ValueError"),
+    ("envs/sandbox/protocol.py", "parse_reply", "TypeError"),
 }
 
 # pydantic turns only ValueError / AssertionError raised in a validator into a ValidationError

@@ -128,7 +128,6 @@ class _Checker:
         self, env: Env, seed: int, check: str = "oracle", started: list[Message] | None = None
     ) -> list[Any]:
         """Run the gold episode (reset unless ``started`` gives its prompt) and return its transcript."""
-        lo, hi = env.reward_range
         first = started if started is not None else self.check_reset(env, seed, check)
         transcript: list[Any] = [[m.model_dump() for m in first]]
         total = 0.0
@@ -142,41 +141,54 @@ class _Checker:
             out = self.call(
                 check, f"step(oracle_action()) at turn {turn}", functools.partial(env.step, action)
             )
-            if not (isinstance(out, tuple) and len(out) == 5):
-                raise self.fail(
-                    check,
-                    f"step() must return a 5-tuple (messages, reward, terminated, truncated, info), got {out!r:.100}",
-                )
-            messages, reward, terminated, truncated, info = out
-            if not isinstance(messages, list) or not all(isinstance(m, Message) for m in messages):
-                raise self.fail(
-                    check, f"step() messages must be a list of agentrl.Message, got {messages!r:.100}"
-                )
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-                raise self.fail(
-                    check, f"step() reward must be a float, got {type(reward).__name__} {reward!r}"
-                )
-            if not math.isfinite(reward):
-                raise self.fail(check, f"step() returned a non-finite reward {reward!r} at turn {turn}")
-            if not lo <= reward <= hi:
-                raise self.fail(
-                    check,
-                    f"step() reward {reward!r} at turn {turn} is outside reward_range {env.reward_range}; "
-                    "fix the reward or declare a wider reward_range",
-                )
-            if not isinstance(terminated, bool) or not isinstance(truncated, bool):
-                raise self.fail(
-                    check,
-                    f"terminated/truncated must be bool, got {type(terminated).__name__}/{type(truncated).__name__}",
-                )
-            if not isinstance(info, dict):
-                raise self.fail(check, f"step() info must be a dict, got {type(info).__name__}")
+            messages, reward, terminated, truncated = self.check_step_output(env, check, turn, out)
             total += reward
             transcript.append(([m.model_dump() for m in messages], reward, terminated, truncated))
             if terminated or truncated:
                 break
         else:
             raise self.fail(check, f"the oracle episode did not end within max_turns={limit} steps")
+        self.check_oracle_return(env, check, turn, terminated, total)
+        self.report.oracle_return = total
+        return transcript
+
+    def check_step_output(
+        self, env: Env, check: str, turn: int, out: Any
+    ) -> tuple[list[Message], float, bool, bool]:
+        """``step()``'s 5-tuple, each element checked; returns ``(messages, reward, terminated, truncated)``."""
+        lo, hi = env.reward_range
+        if not (isinstance(out, tuple) and len(out) == 5):
+            raise self.fail(
+                check,
+                f"step() must return a 5-tuple (messages, reward, terminated, truncated, info), got {out!r:.100}",
+            )
+        messages, reward, terminated, truncated, info = out
+        if not isinstance(messages, list) or not all(isinstance(m, Message) for m in messages):
+            raise self.fail(
+                check, f"step() messages must be a list of agentrl.Message, got {messages!r:.100}"
+            )
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise self.fail(check, f"step() reward must be a float, got {type(reward).__name__} {reward!r}")
+        if not math.isfinite(reward):
+            raise self.fail(check, f"step() returned a non-finite reward {reward!r} at turn {turn}")
+        if not lo <= reward <= hi:
+            raise self.fail(
+                check,
+                f"step() reward {reward!r} at turn {turn} is outside reward_range {env.reward_range}; "
+                "fix the reward or declare a wider reward_range",
+            )
+        if not isinstance(terminated, bool) or not isinstance(truncated, bool):
+            raise self.fail(
+                check,
+                f"terminated/truncated must be bool, got {type(terminated).__name__}/{type(truncated).__name__}",
+            )
+        if not isinstance(info, dict):
+            raise self.fail(check, f"step() info must be a dict, got {type(info).__name__}")
+        return messages, reward, terminated, truncated
+
+    def check_oracle_return(self, env: Env, check: str, turn: int, terminated: bool, total: float) -> None:
+        """The gold episode terminated (not truncated at ``turn``) with the maximum return."""
+        lo, hi = env.reward_range
         if not terminated:
             raise self.fail(
                 check,
@@ -191,8 +203,25 @@ class _Checker:
                 f"the oracle episode returned {total!r}, not the maximum {hi!r}; "
                 "fix oracle_action() or the reward, or lower reward_range[1]",
             )
-        self.report.oracle_return = total
-        return transcript
+
+    def check_determinism(self, seed: int, reference: list[Any]) -> None:
+        """A second gold episode with the same seed repeats ``reference`` exactly."""
+        if not self.deterministic:
+            self.report.skipped["determinism"] = "registered as non-deterministic"
+            return
+        again = self.episode(self.env, seed, "determinism")
+        if again != reference:
+            diff = next(
+                (i for i, (x, y) in enumerate(zip(reference, again, strict=False)) if x != y),
+                min(len(again), len(reference)),
+            )
+            where = "the reset messages" if diff == 0 else f"step {diff}"
+            raise self.fail(
+                "determinism",
+                f"two episodes with seed={seed} differ at {where}; draw randomness only from "
+                "self.np_random (seeded by reset), or register the env with deterministic=False",
+            )
+        self.report.passed.append("determinism")
 
     def check_step_after_end(self) -> None:
         try:
@@ -299,6 +328,16 @@ class _Checker:
             )
         self.report.passed.append("async")
 
+    def check_close(self) -> None:
+        try:
+            self.env.close()
+            self.env.close()
+        except Exception as e:
+            raise self.fail(
+                "close", f"close() twice raised {type(e).__name__}: {e}; close() must be idempotent"
+            ) from e
+        self.report.passed.append("close")
+
 
 def check_env(
     env: Env | str | Callable[[], Env],
@@ -316,7 +355,37 @@ def check_env(
     need a second instance use its registry spec or a no-argument constructor,
     and are skipped (see ``CheckReport.skipped``) when neither exists.
     """
-    from agentrl.envs.registry import make, spec
+    instance, factory, name = _resolve(env)
+    if deterministic is None:
+        deterministic = bool(getattr(instance, "deterministic", True))
+        if isinstance(env, str):
+            from agentrl.envs.registry import spec
+
+            deterministic = deterministic and spec(env).deterministic
+    c = _Checker(name, instance, factory, deterministic)
+    c.report.passed.append("type")
+    c.check_step_before_reset()
+    c.check_reset(instance, seed)
+    c.report.passed.append("reset")
+    c.check_tools()
+    reference = c.episode(instance, seed)
+    c.report.passed.append("oracle")
+    c.check_determinism(seed, reference)
+    c.check_step_after_end()
+    if "empty-reply" in skip:
+        c.report.skipped["empty-reply"] = "skipped by the caller"
+    else:
+        c.check_empty_reply(seed)
+    c.check_bad_tool_call(seed)
+    c.check_independence(seed, reference)
+    c.check_async(seed, reference)
+    c.check_close()
+    return c.report
+
+
+def _resolve(env: Env | str | Callable[[], Env]) -> tuple[Env, Callable[[], Env] | None, str]:
+    """The instance to check, a factory of fresh ones (None when there is none) and the name to report."""
+    from agentrl.envs.registry import make
 
     factory: Callable[[], Env] | None
     if isinstance(env, str):
@@ -347,48 +416,4 @@ def check_env(
             f"check_env({name}): type: {type(instance).__name__} is not an agentrl.envs.Env; "
             "subclass agentrl.envs.Env (or ToolEnv)"
         )
-    if deterministic is None:
-        deterministic = bool(getattr(instance, "deterministic", True))
-        if isinstance(env, str):
-            deterministic = deterministic and spec(env).deterministic
-    c = _Checker(name, instance, factory, deterministic)
-    c.report.passed.append("type")
-    c.check_step_before_reset()
-    c.check_reset(instance, seed)
-    c.report.passed.append("reset")
-    c.check_tools()
-    reference = c.episode(instance, seed)
-    c.report.passed.append("oracle")
-    if deterministic:
-        again = c.episode(instance, seed, "determinism")
-        if again != reference:
-            diff = next(
-                (i for i, (x, y) in enumerate(zip(reference, again, strict=False)) if x != y),
-                min(len(again), len(reference)),
-            )
-            where = "the reset messages" if diff == 0 else f"step {diff}"
-            raise c.fail(
-                "determinism",
-                f"two episodes with seed={seed} differ at {where}; draw randomness only from "
-                "self.np_random (seeded by reset), or register the env with deterministic=False",
-            )
-        c.report.passed.append("determinism")
-    else:
-        c.report.skipped["determinism"] = "registered as non-deterministic"
-    c.check_step_after_end()
-    if "empty-reply" in skip:
-        c.report.skipped["empty-reply"] = "skipped by the caller"
-    else:
-        c.check_empty_reply(seed)
-    c.check_bad_tool_call(seed)
-    c.check_independence(seed, reference)
-    c.check_async(seed, reference)
-    try:
-        instance.close()
-        instance.close()
-    except Exception as e:
-        raise c.fail(
-            "close", f"close() twice raised {type(e).__name__}: {e}; close() must be idempotent"
-        ) from e
-    c.report.passed.append("close")
-    return c.report
+    return instance, factory, name

@@ -16,6 +16,10 @@ the *global* token (or sequence) count of the mini-batch, summed over all ranks,
 and multiplied by the world size to undo FSDP's gradient averaging, so N ranks
 with micro-batches compute the same gradient as one rank with the whole batch.
 Ranks with fewer micro-batches run empty ones so collectives stay matched.
+
+This module holds the protocol, the process-group setup and the FSDP2 wrapper (sharding,
+micro-batching, optimizer, checkpoints); how a micro-batch is scored is
+:mod:`agentrl.trainer.forward`, and the loss on those scores :mod:`agentrl.trainer.objective`.
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.trainer import losses as L
 from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
 from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError, CheckpointError
-from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys, scatter_columns, shared_prompt_logits
+from agentrl.trainer.forward import ValueHead, first_trained_column, plain_logits, shared_logits, token_scores
+from agentrl.trainer.objective import rl_loss, sft_loss
+from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys
 
 __all__ = ["FSDP2Backend", "TrainBackend", "ValueHead", "decoder_layers", "init_distributed"]
 
@@ -90,19 +95,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     if layers is None:
         raise BackendError(f"{type(model).__name__} has no model.layers; cannot shard it per decoder layer")
     return list(layers)
-
-
-class ValueHead(nn.Module):
-    """A scalar critic on the policy's last hidden state (shared trunk, as in PPO for LMs)."""
-
-    def __init__(self, hidden_size: int) -> None:
-        super().__init__()
-        self.proj = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.proj.weight)
-        nn.init.zeros_(self.proj.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden).squeeze(-1)
 
 
 def _lr_lambda(warmup: int) -> Callable[[int], float]:
@@ -211,48 +203,21 @@ class FSDP2Backend:
         (:mod:`agentrl.trainer.prefix`). ``logp`` and ``entropy`` are then zero on the
         prompt. ``prompts`` are the rows' :func:`~agentrl.trainer.prefix.prompt_keys` when the
         caller has them. ``entropy`` is the policy's per-token entropy, differentiable only
-        when the entropy bonus is on.
+        when the entropy bonus is on. The forward itself is :mod:`agentrl.trainer.forward`.
         """
-        T = mb.input_ids.shape[1]
         plan = None
         if window and self.share_prompts and not want_values:
             plan = plan_shared_prompts(mb.input_ids, mb.attention_mask, mb.loss_mask, keys=prompts)
-        values = None
         if plan is not None:
-            logits, targets, cols = shared_prompt_logits(model, mb.input_ids, plan, self._cache_kw)
-
-            def place(x: torch.Tensor) -> torch.Tensor:
-                return scatter_columns(x, cols, T - 1)
+            scored = shared_logits(model, mb, plan, self._cache_kw)
         else:
-            start = 0
-            if window and self._logits_to_keep:
-                trained = mb.loss_mask[:, 1:].any(0).nonzero()
-                start = int(trained[0]) if len(trained) else max(0, T - 2)
-            kw = {"logits_to_keep": T - start} if start else {}
-            out = model(
-                input_ids=mb.input_ids,
-                attention_mask=mb.attention_mask,
-                output_hidden_states=want_values,
-                use_cache=False,
-                **kw,
-            )
-            logits = out.logits[
-                :, -(T - start) : -1
-            ]  # the positions start .. T-2 predict tokens start+1 .. T-1
-            targets = mb.input_ids[:, start + 1 :]
-
-            def place(x: torch.Tensor) -> torch.Tensor:
-                return nn.functional.pad(x, (start, 0)) if start else x
-
-            if want_values and self.value_head is not None:
-                # the value of the state before token t scores token t, like the logprob
-                values = self.value_head(out.hidden_states[-1][:, :-1].float())
-        logits = logits.float()
-        logp = place(torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-        ent = None
-        if entropy:
-            with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef > 0):
-                ent = place(L.entropy_from_logits(logits))
+            start = first_trained_column(mb.loss_mask) if window and self._logits_to_keep else 0
+            scored = plain_logits(model, mb, start, hidden=want_values)
+        values = None
+        if want_values and self.value_head is not None and scored.hidden is not None:
+            # the value of the state before token t scores token t, like the logprob
+            values = self.value_head(scored.hidden[:, :-1].float())
+        logp, ent = token_scores(scored, entropy, entropy_grad=self.algo.entropy_coef > 0)
         return logp, ent, values
 
     @torch.no_grad()
@@ -378,75 +343,20 @@ class FSDP2Backend:
         self, mb: TrainBatch, num_tokens: float, prompts: list[tuple[int, ...]] | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         logp, _, _ = self._forward(self.model, mb, window=True, prompts=prompts)
-        mask = mb.loss_mask[:, 1:]
-        loss = -(logp * mask).sum() / num_tokens
-        with torch.no_grad():
-            correct = float(((logp > -0.6931) * mask).sum())  # p > 1/2: the token is the argmax
-        return loss, {"loss": float(loss.detach()), "token_acc_tok": correct}
+        return sft_loss(mb, logp, num_tokens)
 
     def _micro_loss(
         self, mb: TrainBatch, num_tokens: float, num_seqs: float, prompts: list[tuple[int, ...]] | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the mini-batch loss; stats are token-weighted sums (suffix ``_tok``)."""
-        a = self.algo
+        """The micro-batch's share of the mini-batch loss (:func:`~agentrl.trainer.objective.rl_loss`)."""
         want_values = self.value_head is not None
         logp, ent_tok, values = self._forward(
             self.model, mb, want_values, window=True, entropy=True, prompts=prompts
         )
         assert ent_tok is not None
-        mask = mb.loss_mask[:, 1:]
-        old = mb.old_logp[:, 1:]
-        adv = mb.advantages[:, 1:]
-        agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
-        pg = L.policy_loss(
-            logp,
-            old,
-            adv,
-            mask,
-            kind=a.policy_loss,
-            clip_low=a.clip_low,
-            clip_high=a.clip_high,
-            dual_clip=a.dual_clip,
-            agg=a.loss_agg,
-            **agg,
-        )
-        loss = pg.loss
-        ntok = float(mask.sum())
-        stats = {f"{k}_tok": v * ntok for k, v in pg.stats.items()}
-        stats["pg_loss"] = float(pg.loss.detach())
-        with torch.no_grad():
-            diff = (logp - old).abs() * mask
-            stats["logprob_diff_tok"] = float(diff.sum())
-        if a.entropy_coef > 0:
-            ent = L.aggregate(ent_tok, mask, a.loss_agg, **agg)
-            loss = loss - a.entropy_coef * ent
-            stats["entropy"] = float(ent.detach())
-        else:
-            stats["entropy_tok"] = float((ent_tok * mask).sum())
-        if a.kl_coef > 0:
-            if mb.ref_logp is None:
-                raise BackendError(
-                    "kl_coef > 0 but the batch has no ref_logp; compute them with ref_logprobs()"
-                )
-            kl = L.aggregate(L.kl_penalty(logp, mb.ref_logp[:, 1:], a.kl_estimator), mask, a.loss_agg, **agg)
-            loss = loss + a.kl_coef * kl
-            stats["kl"] = float(kl.detach())
-        if want_values:
-            if values is None or mb.returns is None or mb.old_values is None:
-                raise BackendError("PPO batch needs returns and old_values")
-            vl = L.value_loss(
-                values,
-                mb.old_values[:, 1:],
-                mb.returns[:, 1:],
-                mask,
-                clip=a.value_clip,
-                agg=a.loss_agg,
-                **agg,
-            )
-            loss = loss + a.vf_coef * vl.loss
-            stats["vf_loss"] = float(vl.loss.detach())
-        stats["loss"] = float(loss.detach())
-        return loss, stats
+        if want_values and values is None:
+            raise BackendError("PPO batch needs returns and old_values")
+        return rl_loss(self.algo, mb, logp, ent_tok, values, num_tokens, num_seqs)
 
     def _params(self) -> Iterator[nn.Parameter]:
         yield from self.model.parameters()

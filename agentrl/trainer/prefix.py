@@ -108,10 +108,25 @@ def shared_prompt_logits(
     The row's last token and its padding score nothing: their columns are ``T - 1 + q``,
     which :func:`scatter_columns` drops.
     """
-    device = input_ids.device
-    B, T = input_ids.shape
+    kv, seen_prompt = _prompt_forward(model, plan, input_ids.device, cache_kw)
+    return _suffix_forward(model, input_ids, plan, kv, seen_prompt, cache_kw)
+
+
+def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean ``(N, Q, K)`` attention pattern as the ``(N, 1, Q, K)`` additive mask the model takes."""
+    neg = torch.finfo(dtype).min
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, neg)[:, None]
+
+
+def _prompt_forward(
+    model: nn.Module, plan: PromptPlan, device: torch.device, cache_kw: str
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """The distinct prompts' forward: every row's keys and values ``(B, ...)`` per layer, and ``(B, P)`` real columns.
+
+    The prompts are left-padded so that they all end at column ``P - 1``; a row reads its
+    prompt's cache through ``index_select``, so in backward the rows' gradients sum into it.
+    """
     U, P = len(plan.prompts), max(len(p) for p in plan.prompts)
-    # the distinct prompts, left-padded so that they all end at column P - 1
     ids = torch.zeros((U, P), dtype=torch.long)
     real = torch.zeros((U, P), dtype=torch.bool)
     for u, p in enumerate(plan.prompts):
@@ -119,17 +134,14 @@ def shared_prompt_logits(
             ids[u, P - len(p) :] = torch.tensor(p)
             real[u, P - len(p) :] = True
     ids, real = ids.to(device), real.to(device)
-    dtype = next(model.parameters()).dtype
-    neg = torch.finfo(dtype).min
     causal = torch.ones((P, P), dtype=torch.bool, device=device).tril()
     allowed = causal[None] & real[:, None, :]
     allowed |= torch.eye(P, dtype=torch.bool, device=device)[None]  # padding queries see themselves (no NaN)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, neg)[:, None]
     positions = (real.long().cumsum(-1) - 1).clamp(min=0)
     cache = _cache([])
     model(
         input_ids=ids,
-        attention_mask=mask,
+        attention_mask=_additive_mask(allowed, next(model.parameters()).dtype),
         position_ids=positions,
         use_cache=True,
         logits_to_keep=1,
@@ -137,8 +149,21 @@ def shared_prompt_logits(
     )
     owner = plan.owner.to(device)
     kv = [(layer.keys.index_select(0, owner), layer.values.index_select(0, owner)) for layer in cache.layers]
+    return kv, real.index_select(0, owner)  # each row sees its own prompt's columns
 
-    # every row's tokens after its prompt, right-padded to S
+
+def _suffix_forward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    plan: PromptPlan,
+    kv: list[tuple[torch.Tensor, torch.Tensor]],
+    seen_prompt: torch.Tensor,
+    cache_kw: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every row's tokens after its prompt, right-padded to ``S``, attending to its prompt's cache."""
+    device = input_ids.device
+    B, T = input_ids.shape
+    P = seen_prompt.shape[1]
     S = int(plan.suffix_len.max())
     q = torch.arange(S, device=device)
     start = plan.prefix_len.to(device)
@@ -146,15 +171,13 @@ def shared_prompt_logits(
     ids_s = input_ids.gather(1, cols.clamp(max=T - 1))
     targets = input_ids.gather(1, (cols + 1).clamp(max=T - 1))
     scored = q[None] < (plan.suffix_len.to(device) - 1)[:, None]  # the position has a next token in the row
-    seen_prompt = real.index_select(0, owner)  # each row sees its own prompt's columns
     allowed_s = torch.cat(
         [seen_prompt[:, None, :].expand(B, S, P), (q[None, :] <= q[:, None])[None].expand(B, S, S)], -1
     )
-    mask_s = torch.zeros(allowed_s.shape, dtype=dtype, device=device).masked_fill_(~allowed_s, neg)[:, None]
     # padding positions past the row's end get position T - 1 (their outputs are dropped)
     out = model(
         input_ids=ids_s,
-        attention_mask=mask_s,
+        attention_mask=_additive_mask(allowed_s, next(model.parameters()).dtype),
         position_ids=cols.clamp(max=T - 1),
         use_cache=True,
         **{cache_kw: _cache(kv)},

@@ -65,6 +65,7 @@ def test_small_vocab_distribution_matches_reported_probabilities(
     assert torch.allclose(logprobs, ref.log()[tokens], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_qwen_size_vocab_samples_the_right_tokens() -> None:
     vocab = 151_936
     logits = torch.full((vocab,), -4.0)

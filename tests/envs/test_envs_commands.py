@@ -70,6 +70,7 @@ def test_serve_env_rejects_unknown_env_before_serving(capsys: pytest.CaptureFixt
     assert "--import no_such_module_xyz: No module named 'no_such_module_xyz'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_example_env_checked_served_and_driven_over_raw_http() -> None:
     env = {**os.environ, "PYTHONPATH": f"{EXAMPLES}{os.pathsep}{ROOT}"}
     check = subprocess.run(

@@ -25,6 +25,7 @@ def server_url() -> Iterator[str]:
         yield srv.url
 
 
+@pytest.mark.slow
 def test_schema_driven_fuzz_finds_no_server_error(server_url: str) -> None:
     schema = schemathesis.openapi.from_url(server_url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
@@ -86,6 +87,7 @@ actions = (
 )
 
 
+@pytest.mark.slow
 @given(
     env_id=st.sampled_from(CONFIG.env_ids),
     seed=st.integers(-5, 2**64) | st.none() | st.text(max_size=3),

@@ -101,6 +101,7 @@ def test_reuse_and_force(tmp_path):
     _intact(out, "tiny-glm4")
 
 
+@pytest.mark.slow
 def test_two_processes_building_at_once_do_not_corrupt_each_other(home):
     code = "import sys; from agentrl.models.cache import build; print(build(sys.argv[1]), flush=True)"
     env = {**os.environ, "AGENTRL_HOME": str(home.parent)}

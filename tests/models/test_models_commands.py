@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.cli import main
@@ -20,6 +21,7 @@ def _agentrl(*args: str, home: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_build_tiny_into_out_dir_loads_and_generates(tmp_path):
     out = tmp_path / "tiny-model"
     r = _agentrl("models", "build", "tiny", "--out", str(out), home=str(tmp_path / "home"))

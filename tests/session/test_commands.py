@@ -9,6 +9,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from agentrl.cli import main
 
@@ -19,6 +20,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_serve_session_process_serves_openai_sessions() -> None:
     port = free_port()
     proc = subprocess.Popen(

@@ -213,6 +213,7 @@ def test_tokenize_models_and_metrics(scripted: Any) -> None:
         assert key in metrics
 
 
+@pytest.mark.slow
 def test_256_concurrent_sessions_on_the_real_engine(tokenizers: Any, engines: Any) -> None:
     tok = tokenizers["tiny-qwen2.5"]
     sm = SessionManager(tok, engines["tiny-qwen2.5"], model_name="tiny-qwen2.5")

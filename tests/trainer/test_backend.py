@@ -105,6 +105,7 @@ def test_micro_batches_give_the_full_batch_update(agg):
         torch.testing.assert_close(results[0][k], results[1][k], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fsdp2_two_processes_match_one(tmp_path):
     ref_model = tiny_model()
     ref = FSDP2Backend(

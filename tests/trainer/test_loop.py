@@ -30,6 +30,7 @@ def _quiet() -> Console:
     return Console(file=open("/dev/null", "w"))  # noqa: SIM115
 
 
+@pytest.mark.slow
 def test_train_writes_run_dir_and_resume_reproduces_metrics(tmp_path):
     full = train(resolve(**FAST, steps=4, checkpoint_every=2, run_dir=str(tmp_path / "a")), console=_quiet())
     a = tmp_path / "a"
@@ -93,6 +94,7 @@ def test_unknown_toml_key_fails(tmp_path, capsys):
     assert rc == 1 and "unknown key 'kl_coeff'" in err and "kl_coef" in err
 
 
+@pytest.mark.slow
 def test_eval_command_on_a_checkpoint(tmp_path, capsys):
     s = train(resolve(**FAST, steps=1, run_dir=str(tmp_path / "a")), console=_quiet())
     rc, out, err = _cli(
@@ -131,6 +133,7 @@ def test_sft_command_saves_an_hf_model(tmp_path, capsys):
     assert any(r["kind"] == "sft" for r in read_jsonl(tmp_path / "metrics.jsonl"))
 
 
+@pytest.mark.slow
 def test_calculator_preset_trains_multi_turn_and_logs_assistant_turns(tmp_path):
     cfg = resolve(**{**FAST, "max_new_tokens": 24}, env="calculator", steps=1, run_dir=str(tmp_path))
     assert cfg.rollout.env_kwargs["oracle_tool_rate"] < 1  # the demo's mixed warm start

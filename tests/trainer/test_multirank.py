@@ -81,6 +81,7 @@ def _args(model: Path, run_dir: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_two_ranks_train_like_one_process(warm_model, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(_args(warm_model, one)) == 0

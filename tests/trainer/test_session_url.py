@@ -68,6 +68,7 @@ def _local_greedy(model: str) -> tuple[str | None, list[float]]:
         return asyncio.run(turn(SessionManager(load_tokenizer("tiny"), engine, model_name="tiny")))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sync", "staleness"), [("disk", 0), ("broadcast", 0), ("disk", 1), ("broadcast", 1)]
 )

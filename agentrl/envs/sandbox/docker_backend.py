@@ -26,7 +26,7 @@ Lifetime:
   containers whose owner is gone.
 
 Who broke a channel is judged from the engine's own events about the container (``oom``,
-``kill``, ``pause``, ``die``), watched by one stream per process (:class:`_EventWatch`): they
+``kill``, ``pause``, ``die``), watched by one stream per process (:class:`~agentrl.envs.sandbox.docker_events.EventWatch`): they
 outlive an ``auto_remove``'d container, and nothing inside a container can produce them (see
 :meth:`_DockerChannel.postmortem`).
 """
@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import select
 import socket
 import struct
@@ -52,6 +51,7 @@ from agentrl.envs.sandbox.base import (
     Verdict,
     executor_source,
 )
+from agentrl.envs.sandbox.docker_events import OWNER_LABEL, EventWatch, Evidence
 from agentrl.envs.sandbox.errors import SandboxLost, SandboxUnavailable
 from agentrl.envs.sandbox.owner import owner_alive, owner_token
 from agentrl.envs.sandbox.types import Limits
@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "agentrl-sandbox:latest"
 LABEL = "agentrl.sandbox"
-OWNER_LABEL = "agentrl.owner"
 HOST_LABEL = "agentrl.host"
 SHARED_UID = 65534
 ENGINE_TIMEOUT_S = 120
@@ -76,112 +75,9 @@ POSTMORTEM_WAIT_S = 1.0
 """Seconds :meth:`_DockerChannel.postmortem` waits for the engine to report that the container ended."""
 SEND_TIMEOUT_S = 5.0
 """Deadline of sending one request: an executor that does not read its stdin is wedged."""
-RECONNECT_S = 1.0
-"""Pause before the event stream reconnects after the engine dropped it."""
 START_SLOTS = 8
 """Container starts in flight at once per backend: a burst of hundreds of concurrent creates makes
 the engine's API time out, while a bounded queue of them finishes at the engine's full rate."""
-_EVENTS = ("oom", "kill", "pause", "unpause", "die", "destroy")
-
-
-class _Evidence:
-    """What the engine reported about one container since it was created; written by :class:`_EventWatch`.
-
-    ``oom`` counts OOM kills in the container's memory cgroup; ``killed``: a kill signal was sent
-    through the engine's API (``docker kill``, ``stop``, ``rm -f``, the engine shutting down);
-    ``paused``: frozen through the API; ``gap``: the event stream was down at some time while the
-    container lived, so such an event may be missing; ``ended``: the container died.
-    """
-
-    __slots__ = ("oom", "killed", "paused", "gap", "ended")
-
-    def __init__(self, gap: bool) -> None:
-        self.oom, self.killed, self.paused, self.gap = 0, False, False, gap
-        self.ended = threading.Event()
-
-    def snapshot(self) -> _Evidence:
-        copy = _Evidence(self.gap)
-        copy.oom, copy.killed, copy.paused = self.oom, self.killed, self.paused
-        if self.ended.is_set():
-            copy.ended.set()
-        return copy
-
-
-class _EventWatch:
-    """One stream of the engine's events about this process's containers (filtered by owner label).
-
-    Shared by every backend of this process on one engine. The stream is open before any
-    container of ours starts, so no event of a registered container is missed while it is up;
-    when the engine drops it, every live container is marked ``gap`` and the stream reconnects.
-    """
-
-    _instances: dict[tuple[int, str], _EventWatch] = {}
-    _instances_lock = threading.Lock()
-
-    def __init__(self, api: Any) -> None:
-        self._api, self._token = api, owner_token()
-        self._lock = threading.Lock()
-        self._live: dict[str, _Evidence] = {}
-        self._up = False
-        self._stream: Any = None
-        with contextlib.suppress(Exception):  # the loop retries; containers meanwhile get gap=True
-            self._stream = self._open()
-        threading.Thread(target=self._loop, name="agentrl-docker-events", daemon=True).start()
-
-    @classmethod
-    def get(cls, api: Any) -> _EventWatch:
-        key = (os.getpid(), str(api.base_url))  # a forked child gets its own stream and thread
-        with cls._instances_lock:
-            watch = cls._instances.get(key)
-            if watch is None:
-                watch = cls._instances[key] = cls(api)
-            return watch
-
-    def _open(self) -> Any:
-        filters = {"type": "container", "label": f"{OWNER_LABEL}={self._token}", "event": list(_EVENTS)}
-        stream = self._api.events(decode=True, filters=filters)  # returns once the engine subscribed us
-        with self._lock:
-            self._up = True
-        return stream
-
-    def _loop(self) -> None:
-        while True:
-            stream, self._stream = self._stream, None
-            with contextlib.suppress(Exception):
-                for event in stream if stream is not None else self._open():
-                    self._note(event)
-            with self._lock:
-                self._up = False
-                for evidence in self._live.values():
-                    evidence.gap = True
-            time.sleep(RECONNECT_S)
-
-    def _note(self, event: dict[str, Any]) -> None:
-        action = event.get("Action") or event.get("status")
-        with self._lock:
-            evidence = self._live.get(event.get("id", ""))
-            if evidence is None:
-                return
-            if action == "oom":
-                evidence.oom += 1
-            elif action == "kill":
-                evidence.killed = True
-            elif action in ("pause", "unpause"):
-                evidence.paused = action == "pause"
-            elif action in ("die", "destroy"):
-                evidence.ended.set()
-                if action == "destroy":
-                    del self._live[event["id"]]
-
-    def register(self, cid: str) -> _Evidence:
-        """Start recording ``cid``'s events; call it before the container starts."""
-        with self._lock:
-            evidence = self._live[cid] = _Evidence(gap=not self._up)
-            return evidence
-
-    def forget(self, cid: str) -> None:
-        with self._lock:
-            self._live.pop(cid, None)
 
 
 class _DockerChannel(LineChannel):
@@ -192,12 +88,12 @@ class _DockerChannel(LineChannel):
     """
 
     def __init__(
-        self, backend: DockerBackend, cid: str, sock: socket.socket, evidence: _Evidence, uid: int | None
+        self, backend: DockerBackend, cid: str, sock: socket.socket, evidence: Evidence, uid: int | None
     ) -> None:
         self._backend, self.cid, self.sock, self.uid = backend, cid, sock, uid
         self._evidence = evidence
         self._oom_baseline = evidence.oom
-        self._seen: _Evidence | None = None  # the evidence as destroy() found it
+        self._seen: Evidence | None = None  # the evidence as destroy() found it
         self._raw = b""  # undecoded frames
         self._buf = b""  # decoded stdout
         self._destroyed = False
@@ -293,7 +189,7 @@ class _DockerChannel(LineChannel):
         except Exception:  # never raises: an error of ours here is not evidence of anything
             return "model"
 
-    def _judge(self, seen: _Evidence) -> Verdict:
+    def _judge(self, seen: Evidence) -> Verdict:
         if seen.oom > self._oom_baseline:
             return "memory"
         if seen.killed or seen.paused or seen.gap:
@@ -382,8 +278,8 @@ class DockerBackend:
         self.reap()
 
     @property
-    def _watch(self) -> _EventWatch:
-        return _EventWatch.get(self.client.api)
+    def _watch(self) -> EventWatch:
+        return EventWatch.get(self.client.api)
 
     def _create_kwargs(self, uid: int | None = None) -> dict[str, Any]:
         lim = self.limits

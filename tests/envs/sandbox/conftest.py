@@ -15,7 +15,7 @@ from agentrl.envs.sandbox import Sandbox, SandboxPool
 from agentrl.envs.sandbox.pool import Backend
 
 
-@pytest.fixture(params=["process", "docker"])
+@pytest.fixture(params=["process", pytest.param("docker", marks=pytest.mark.docker)])
 def backend(request: pytest.FixtureRequest) -> Backend:
     return get_backend(request.param)
 

@@ -27,6 +27,8 @@ TEARDOWN_BOUND_S = db.TEARDOWN_S + db.QUICK_TIMEOUT_S
 """What destroy() promises; the tests allow a margin on top for a busy machine."""
 MARGIN_S = 5.0
 
+pytestmark = pytest.mark.docker
+
 
 def _backend() -> DockerBackend:
     backend = get_backend("docker")
@@ -198,6 +200,7 @@ def test_postmortem_blames_infrastructure_for_a_paused_container(sandboxes: list
     assert sb._channel.postmortem() == "infra"
 
 
+@pytest.mark.slow
 def test_a_run_frozen_from_outside_is_lost_not_a_timeout(sandboxes: list[Sandbox]) -> None:
     """No reply by the host deadline is the code's timeout, unless the engine saw the container
     paused from outside: then the infrastructure failed and the episode is retried, not scored."""

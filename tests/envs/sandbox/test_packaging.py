@@ -8,9 +8,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.slow
 def test_wheel_install_finds_the_executor_without_the_source_tree(tmp_path):
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     subprocess.run(

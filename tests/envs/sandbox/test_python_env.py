@@ -43,6 +43,7 @@ def test_registered_and_passes_check_env() -> None:
     assert report.oracle_return == 1.0
 
 
+@pytest.mark.docker
 def test_docker_backend_passes_check_env() -> None:
     get_backend("docker")  # skips, with the reason, only where no engine can run
     report = check_env(lambda: PythonEnv(backend="docker", pool_size=1))

@@ -149,6 +149,7 @@ def test_docker_engine_not_running_names_the_fix(monkeypatch: pytest.MonkeyPatch
         make_backend("docker")
 
 
+@pytest.mark.docker
 def test_missing_image_names_the_build_script() -> None:
     get_backend("docker")  # skips, with the reason, only where no engine can run
     with pytest.raises(SandboxUnavailable, match=r"not built; build it offline with sandbox/build-image\.sh"):
@@ -198,6 +199,7 @@ def test_without_cgroups_the_documented_fallbacks_hold() -> None:
         sb.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(payload=st.one_of(st.text(max_size=300), st.binary(max_size=300)), as_cmd=st.booleans())
 def test_arbitrary_input_is_refused_or_classified(payload: str | bytes, as_cmd: bool) -> None:

@@ -124,6 +124,7 @@ def test_no_sandbox_outlives_kill_9_of_its_owner(backend: Backend) -> None:
         assert left == []
 
 
+@pytest.mark.docker
 def test_reaper_removes_containers_of_dead_owners() -> None:
     backend = get_backend("docker")
     import docker
@@ -165,6 +166,7 @@ def _my_bwraps() -> set[int]:
     return {int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _is_my_bwrap(int(pid))}
 
 
+@pytest.mark.slow
 def test_200_parallel_episodes_none_lost_no_orphans() -> None:
     backend = make_backend("process", Limits(timeout=30, memory="64m", pids=16))
     cgroups_before, bwraps_before = _live_sandbox_cgroups(backend), _my_bwraps()  # other tests' warm pools
@@ -211,6 +213,8 @@ def test_limits_reach_the_sandbox(backend: Backend) -> None:
         sb.close()
 
 
+@pytest.mark.slow
+@pytest.mark.docker
 def test_parallel_docker_episodes_none_lost_no_containers_left() -> None:
     """A burst of container starts is queued (START_SLOTS at a time) rather than timing out the engine."""
     backend = get_backend("docker")

@@ -187,6 +187,7 @@ def test_memory_bomb_is_stopped_at_the_limit(sandbox: Sandbox) -> None:
     _still_usable(sandbox)
 
 
+@pytest.mark.slow
 def test_memory_bomb_in_a_child_process_is_stopped(sandbox: Sandbox) -> None:
     # RLIMIT_AS is per process; the cgroup / container limit holds for the sum.
     code = (
