@@ -361,13 +361,7 @@ class SessionManager:
         seg.last_stop = last_stop
         seg.messages = [*messages, parsed.message]
         sess.turns += 1
-        self.counters["tito/turns"] += 1
-        self.counters["tito/prompt_tokens_appended"] += len(prompt_add)
-        self.counters["tito/sampled_tokens"] += len(out)
-        if parsed.parse_failed:
-            self.counters["tito/parse_failures"] += 1
-        if parsed.message.tool_calls:
-            self.counters["tito/tool_calls"] += len(parsed.message.tool_calls)
+        self._count_turn(len(prompt_add), len(out), parsed.parse_failed, len(parsed.message.tool_calls or []))
         return ChatResult(
             message=parsed.message,
             finish_reason=finish,
@@ -379,6 +373,15 @@ class SessionManager:
             diverged=reason,
             parse_failed=parsed.parse_failed,
         )
+
+    def _count_turn(self, prompt_added: int, sampled: int, parse_failed: bool, tool_calls: int) -> None:
+        self.counters["tito/turns"] += 1
+        self.counters["tito/prompt_tokens_appended"] += prompt_added
+        self.counters["tito/sampled_tokens"] += sampled
+        if parse_failed:
+            self.counters["tito/parse_failures"] += 1
+        if tool_calls:
+            self.counters["tito/tool_calls"] += tool_calls
 
     async def _generate(self, session_id: str, input_ids: list[int], sampling: SamplingParams) -> Generation:
         t0 = time.perf_counter()
