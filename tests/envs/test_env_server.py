@@ -297,7 +297,7 @@ def test_env_exception_is_an_infra_error_of_that_episode(http: httpx.Client) -> 
 
 
 def test_ttl_reaping_and_live_episode_cap() -> None:
-    config = ServerConfig(env_ids=["countdown-v0"], max_episodes=2, episode_ttl_s=0.3, reap_interval_s=0.05)
+    config = ServerConfig(env_ids=["countdown-v0"], max_episodes=2, episode_ttl_s=2.0, reap_interval_s=0.05)
     with BackgroundServer(create_app(config)) as srv, httpx.Client(base_url=srv.url, timeout=10) as http:
         a, _ = create(http), create(http)
         r = http.post("/episodes", json={"env_id": "countdown-v0"})
@@ -310,7 +310,7 @@ def test_ttl_reaping_and_live_episode_cap() -> None:
         while http.get("/health").json()["live_episodes"] and time.monotonic() < deadline:
             time.sleep(0.05)
         r = http.post(f"/episodes/{a}/reset", json={})
-        assert r.status_code == 404 and "was closed (or reaped after 0.3 s idle)" in r.json()["detail"]
+        assert r.status_code == 404 and "was closed (or reaped after 2 s idle)" in r.json()["detail"]
         assert http.get("/metrics").json()["episodes_reaped"] == 2
         assert create(http)  # room again
 
