@@ -100,7 +100,9 @@ class RolloutConfig:
     episode_timeout_s: float = 120.0
     """deadline for one episode; past it the episode counts as an infrastructure failure"""
     max_staleness: int = 0
-    """asynchronous rollout: play the next K steps' episodes while the trainer updates, so a token is at most K policy versions old when trained on (0: synchronous, every step rolls out with the latest weights)"""
+    """asynchronous rollout: groups play continuously while the trainer updates, and no trained token is more than K policy versions old (0: synchronous, every step rolls out with the latest weights)"""
+    overprovision: int = 0
+    """asynchronous rollout: start this many groups beyond the staleness bound, so stragglers are carried over instead of delaying a batch (needs max_staleness >= 1)"""
     eval_every: int = 5
     """evaluate on held-out seeds every N train steps (0: only at start and end)"""
     eval_episodes: int = 64
@@ -116,9 +118,16 @@ class RolloutConfig:
             _fail("rollout", "max_turns", self.max_turns, "must be >= 1 (or unset: the env's own max_turns)")
         if self.temperature < 0:
             _fail("rollout", "temperature", self.temperature, "must be >= 0")
-        for name in ("max_infra_retries", "eval_every", "max_staleness"):
+        for name in ("max_infra_retries", "eval_every", "max_staleness", "overprovision"):
             if getattr(self, name) < 0:
                 _fail("rollout", name, getattr(self, name), "must be >= 0")
+        if self.overprovision and not self.max_staleness:
+            _fail(
+                "rollout",
+                "overprovision",
+                self.overprovision,
+                "needs asynchronous rollout: set --max-staleness 1 or more",
+            )
         if not isinstance(self.env_kwargs, dict):
             _fail("rollout", "env_kwargs", self.env_kwargs, "must be a table / JSON object")
 

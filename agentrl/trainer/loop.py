@@ -14,8 +14,9 @@
     _finish(run)                           # final eval, HF directory, plot, summary table
 
 Rollouts and evaluations are coroutines on the run's one event loop (``rt.loop``); with
-``rollout.max_staleness = K > 0`` they run up to K steps ahead of the trainer
-(:mod:`agentrl.trainer.pipeline`), and the same step trains on them. Every weight push
+``rollout.max_staleness = K > 0`` groups play continuously while the trainer updates, no
+trained token more than K versions old (:mod:`agentrl.trainer.service`), and the same step
+trains on the batches they fill. Every weight push
 (warm start, resume, step) goes through :mod:`agentrl.trainer.weight_sync`. Task seeds are a
 pure function of the step (``step * tasks_per_step + i``) and sampling seeds of the (step,
 task, episode, turn), so a resumed synchronous run replays the uninterrupted one.
@@ -40,7 +41,6 @@ from agentrl.trainer.backend import FSDP2Backend, init_distributed
 from agentrl.trainer.config import TrainConfig, to_toml
 from agentrl.trainer.distributed import Ranks
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
-from agentrl.trainer.pipeline import RolloutAhead
 from agentrl.trainer.rollout import RolloutResult, merge_results
 from agentrl.trainer.runtime import (
     Runtime,
@@ -50,6 +50,7 @@ from agentrl.trainer.runtime import (
     seed_everything,
     start_run_dir,
 )
+from agentrl.trainer.service import RolloutService
 from agentrl.trainer.sft import warm_start
 from agentrl.trainer.update import train_step
 from agentrl.trainer.weight_sync import WeightSync, make_sync
@@ -82,12 +83,14 @@ class _Run:
     run_dir: Path
     summary: RunSummary
     t_start: float
-    ahead: RolloutAhead | None = None
+    service: RolloutService | None = None
+    resumed: dict[str, Any] | None = None
+    """the checkpoint's ``extra`` when the run resumed"""
     last_eval: dict[str, float] | None = None
 
     def close(self) -> None:
-        if self.ahead is not None:
-            self.ahead.close()
+        if self.service is not None:
+            self.service.close()
         try:
             self.sync.close()
         finally:
@@ -130,7 +133,7 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                     "sync/version": float(run.rt.engine.weight_version),
                     "sync/bytes": float(pushed.bytes if pushed else 0),
                 }
-                _log_eval_checkpoint(run, step + 1, row, task)
+                _log_eval_checkpoint(run, step + 1, row, task, [int(g[0].group_id[1:]) for g in res.groups])
             _eval_end(run)
         return _finish(run)
     finally:
@@ -232,6 +235,9 @@ class _NoLog:
     def log(self, kind: str, step: int, values: dict[str, float]) -> None:
         pass
 
+    def tasks(self, step: int, task_ids: list[int]) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -243,7 +249,7 @@ def _warm_start_or_resume(run: _Run) -> int:
     """Resume from ``run.resume`` (weights, optimizer, RNG, step), or warm start with SFT; the first step."""
     cfg, be = run.cfg, run.be
     if cfg.run.resume:
-        extra = be.load(cfg.run.resume)
+        extra = run.resumed = be.load(cfg.run.resume)
         random.setstate(extra["rng"]["python"])
         torch.set_rng_state(extra["rng"]["torch"])
         run.sync.push(be.state_dict(all_ranks=True), version=int(extra["engine_version"]))
@@ -285,22 +291,34 @@ def _eval_start(run: _Run) -> None:
 
 
 def _rollouts(run: _Run, start: int) -> Any:
-    """``rollout(step) -> (result, seconds played)``: played now, or taken from the rollouts running ahead."""
+    """``rollout(step) -> (result, seconds played)``: played now, or taken from the continuous rollout."""
     rt, r = run.rt, run.cfg.rollout
 
     def seeds(step: int) -> list[int]:
         return [step * r.tasks_per_step + i for i in range(r.tasks_per_step)]
 
-    if r.max_staleness:  # one process (checked at setup): this rank's share is the whole step
-        run.ahead = RolloutAhead(
-            lambda step: rt.rollout.arun(seeds(step), r.group_size, r.temperature, salt=step),
+    if r.max_staleness:  # one process (checked at setup): the service plays the whole step
+        saved = (run.resumed or {}).get("rollout") or {}
+        run.service = RolloutService(
+            rt.rollout,
             rt.loop,
-            first=start,
-            end=run.cfg.run.steps,
+            lambda: rt.engine.weight_version,
+            tasks_per_step=r.tasks_per_step,
+            group_size=r.group_size,
+            temperature=r.temperature,
             max_staleness=r.max_staleness,
+            overprovision=r.overprovision,
+            next_task=int(saved.get("next_task", start * r.tasks_per_step)),
+            replay=[int(k) for k in saved.get("pending", [])],
             timeout_s=rt.loop_timeout_s,
         )
-        return run.ahead.take
+        service = run.service
+
+        def take(step: int) -> tuple[RolloutResult, float]:
+            res, _ = service.take(step)
+            return res, res.metrics["rollout/seconds"]
+
+        return take
 
     def now(step: int) -> tuple[RolloutResult, float]:
         t0 = time.perf_counter()
@@ -318,24 +336,22 @@ def _rollouts(run: _Run, start: int) -> Any:
 
 
 def _evaluate(run: _Run, what: str) -> dict[str, float]:
-    """An evaluation on the run's loop, queued behind the rollouts running ahead if any."""
-    if run.ahead is None:
-        res = run.rt.loop.run(play_eval(run.rt), timeout_s=run.rt.loop_timeout_s, what=what)
-    else:
-        res = run.ahead.call(lambda: play_eval(run.rt), what)
+    """Greedy held-out episodes on the run's loop (beside the continuous rollout's groups, if any)."""
+    res = run.rt.loop.run(play_eval(run.rt), timeout_s=run.rt.loop_timeout_s, what=what)
     return eval_metrics(run.rt, res)
 
 
-def _log_eval_checkpoint(run: _Run, done: int, row: dict[str, float], task: Any) -> None:
-    """After ``done`` steps: eval every ``eval_every``, the metrics row, progress, checkpoint every N."""
+def _log_eval_checkpoint(run: _Run, done: int, row: dict[str, float], task: Any, task_ids: list[int]) -> None:
+    """After ``done`` steps: eval every ``eval_every``, the metrics row and trained tasks, progress, checkpoint."""
     cfg = run.cfg
     if cfg.rollout.eval_every and done % cfg.rollout.eval_every == 0 and done < cfg.run.steps:
         run.last_eval = _evaluate(run, f"the eval after step {done}")
         run.log.log("eval", done, run.last_eval)
     run.log.log("train", done, row)
+    run.log.tasks(done, task_ids)
     run.summary.history.append(row)
     ev = f" eval {run.last_eval['eval/reward']:.2f}" if run.last_eval else ""
-    waited = f" (waited {row['time/rollout_wait']:.1f}s)" if run.ahead else ""
+    waited = f" (waited {row['time/rollout_wait']:.1f}s)" if run.service else ""
     run.progress.update(
         task,
         completed=done,
@@ -357,6 +373,7 @@ def _save(run: _Run, step: int) -> Path:
             "step": step,
             "data_position": step * run.cfg.rollout.tasks_per_step,
             "engine_version": run.rt.engine.weight_version,
+            "rollout": run.service.state() if run.service is not None else None,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             "meta": {"step": step},
         },

@@ -56,6 +56,14 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log({f"{kind}/{k}": v for k, v in clean.items()}, step=step)
 
+    def tasks(self, step: int, task_ids: list[int]) -> None:
+        """Record the task ids a train step trained on (``tasks.jsonl``; a resumed run appends).
+
+        Read it with :func:`read_jsonl`; where a resumed run repeated a step, its last row counts.
+        """
+        with (self.dir / "tasks.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "tasks": task_ids}) + "\n")
+
     def close(self) -> None:
         self._f.close()
         if self._tb is not None:

@@ -46,7 +46,16 @@ from agentrl.session.backend import SessionBackend
 from agentrl.trainer.errors import RolloutError
 from agentrl.types import Message, SamplingParams, Trajectory
 
-__all__ = ["Episode", "RolloutManager", "RolloutResult", "episode_seed", "merge_results", "turn_limit"]
+__all__ = [
+    "Episode",
+    "RolloutManager",
+    "RolloutResult",
+    "complete",
+    "episode_seed",
+    "merge_results",
+    "summarize",
+    "turn_limit",
+]
 
 
 def episode_seed(*parts: int | str) -> int:
@@ -236,6 +245,14 @@ class RolloutManager:
 
     # ------------------------------------------------------------ groups
 
+    async def group(self, seed: int, group_size: int, temperature: float, salt: int = 0) -> list[Episode]:
+        """The ``group_size`` episodes of task ``seed``, concurrently (group id ``s<seed>``)."""
+        return list(
+            await asyncio.gather(
+                *(self.episode(seed, f"s{seed}", i, temperature, salt) for i in range(group_size))
+            )
+        )
+
     async def arun(
         self,
         task_seeds: Sequence[int],
@@ -248,47 +265,14 @@ class RolloutManager:
         """G episodes of every task, concurrently; raises RolloutError when no group completes
         (unless ``allow_empty``: a rank's share of a step may fail while the others' succeed)."""
         t0 = time.perf_counter()
-        jobs = [
-            self.episode(seed, f"s{seed}", i, temperature, salt)
-            for seed in task_seeds
-            for i in range(group_size)
-        ]
-        episodes = await asyncio.gather(*jobs)
-        groups: list[list[Episode]] = []
-        counts: Counter[str] = Counter()
-        errors: list[str] = []
-        for k in range(len(task_seeds)):
-            group = list(episodes[k * group_size : (k + 1) * group_size])
-            for e in group:
-                counts[f"episodes_{e.status}"] += 1
-                counts["infra_retries"] += e.attempts - 1
-                if e.status == "infra_error" and e.error:
-                    errors.append(e.error)
-            if any(e.status == "infra_error" or not e.trajectories for e in group):
-                counts["groups_dropped"] += 1
-                continue
-            groups.append(group)
-        if not groups and not allow_empty:
-            raise RolloutError(
-                f"all {len(task_seeds)} groups failed; first infrastructure error: {errors[0] if errors else 'none'}"
-            )
-        done = [e for g in groups for e in g]
-        n = max(len(done), 1)
-        metrics = {
-            "rollout/seconds": time.perf_counter() - t0,
-            "rollout/reward": sum(e.reward for e in done) / n,
-            "rollout/turns": sum(e.turns for e in done) / n,
-            "rollout/completion_tokens": sum(e.completion_tokens for e in done) / n,
-            "rollout/truncated_frac": sum(e.truncated for e in done) / n,
-            "rollout/groups": float(len(groups)),
-            "rollout/groups_dropped": float(counts["groups_dropped"]),
-            "rollout/episodes_ok": float(counts["episodes_ok"]),
-            "rollout/episodes_model_error": float(counts["episodes_model_error"]),
-            "rollout/episodes_infra_error": float(counts["episodes_infra_error"]),
-            "rollout/infra_retries": float(counts["infra_retries"]),
-            "rollout/segments_per_episode": sum(len(e.trajectories) for e in done) / n,
-        }
-        return RolloutResult(groups, metrics, errors[:1])
+        played = await asyncio.gather(
+            *(self.group(seed, group_size, temperature, salt) for seed in task_seeds)
+        )
+        res = summarize(played, time.perf_counter() - t0)
+        if not res.groups and not allow_empty:
+            first = res.errors[0] if res.errors else "none"
+            raise RolloutError(f"all {len(task_seeds)} groups failed; first infrastructure error: {first}")
+        return res
 
     def run(
         self,
@@ -301,6 +285,45 @@ class RolloutManager:
     ) -> RolloutResult:
         """:meth:`arun` on a fresh event loop, for scripts and tests (the trainer awaits ``arun`` on its run's loop)."""
         return asyncio.run(self.arun(task_seeds, group_size, temperature, salt=salt, allow_empty=allow_empty))
+
+
+def complete(group: Sequence[Episode]) -> bool:
+    """Whether a group can be trained: every episode finished without an infrastructure failure."""
+    return all(e.status != "infra_error" and e.trajectories for e in group)
+
+
+def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutResult:
+    """The result of played groups: the complete ones kept in order, the rest counted as dropped."""
+    groups: list[list[Episode]] = []
+    counts: Counter[str] = Counter()
+    errors: list[str] = []
+    for group in played:
+        for e in group:
+            counts[f"episodes_{e.status}"] += 1
+            counts["infra_retries"] += e.attempts - 1
+            if e.status == "infra_error" and e.error:
+                errors.append(e.error)
+        if complete(group):
+            groups.append(list(group))
+        else:
+            counts["groups_dropped"] += 1
+    done = [e for g in groups for e in g]
+    n = max(len(done), 1)
+    metrics = {
+        "rollout/seconds": seconds,
+        "rollout/reward": sum(e.reward for e in done) / n,
+        "rollout/turns": sum(e.turns for e in done) / n,
+        "rollout/completion_tokens": sum(e.completion_tokens for e in done) / n,
+        "rollout/truncated_frac": sum(e.truncated for e in done) / n,
+        "rollout/groups": float(len(groups)),
+        "rollout/groups_dropped": float(counts["groups_dropped"]),
+        "rollout/episodes_ok": float(counts["episodes_ok"]),
+        "rollout/episodes_model_error": float(counts["episodes_model_error"]),
+        "rollout/episodes_infra_error": float(counts["episodes_infra_error"]),
+        "rollout/infra_retries": float(counts["infra_retries"]),
+        "rollout/segments_per_episode": sum(len(e.trajectories) for e in done) / n,
+    }
+    return RolloutResult(groups, metrics, errors[:1])
 
 
 _SUMMED = {

@@ -1,0 +1,222 @@
+"""Continuous rollout: groups stream from the engine into a buffer; the trainer takes whole batches.
+
+With ``rollout.max_staleness = K > 0`` a :class:`RolloutService` keeps groups in flight on the
+run's event loop all the time, while the trainer updates and syncs::
+
+    engine:   ─g0─g1─g2──g3──────g4─g5─g6─g7─g8─ ...   groups start as soon as admitted,
+    buffer:   complete groups, in any order             end whenever they end
+    trainer:  take T ─ train ─ sync │ take T ─ train ─ sync │ ...
+
+**Tasks.** Task ``k`` has seed ``k`` and *nominal step* ``k // T`` (``T = tasks_per_step``): the
+step that plays it in the synchronous loop, and its sampling salt, so a task samples the same
+seeds whichever mode plays it.
+
+**Admission** (the bound of AReaL's ``max_head_offpolicyness``, Fu et al. 2025): with the engine
+at weight version ``v``, task ``k`` may start once ``k < (v + K + 1) * T + O``, where ``O =
+rollout.overprovision`` extra groups, and at most ``(K + 1) * T + O`` groups are started and not
+yet trained. A task that starts at version ``v`` is normally trained by step ``v + K``, so its
+tokens are at most ``K`` versions old; admission is paced, nothing is discarded for it.
+
+**Take.** At step ``s`` (engine version ``v``) the trainer takes the ``T`` complete groups with the
+lowest task ids whose every sampled token has ``v - version <= K`` (the versions the ledger
+recorded per token). A straggler never gates a batch: later groups that finished are taken
+instead, and it is carried over to a later step (``rollout/groups_carried``), first in line once it
+ends. A complete group that has grown too old is replayed from its start (``rollout/groups_replayed``,
+rare: a group that straggled past its bound); a group with an infrastructure failure is dropped
+and counted, as in the synchronous loop. Weights synced while a group plays reach the engine
+between two decode steps, and its later tokens carry the new version (partial rollout).
+
+**Checkpoint.** :meth:`RolloutService.state` is the next new task and the tasks started but not
+yet trained; a resumed run replays those from their start (an episode's env and engine state
+cannot be captured in general), then goes on from the next task, so every task is trained once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrl.eventloop import LoopThread
+from agentrl.trainer.errors import RolloutError, TrainerError
+from agentrl.trainer.rollout import Episode, RolloutManager, RolloutResult, complete, summarize
+
+__all__ = ["RolloutService"]
+
+
+class RolloutService:
+    """Groups of ``rollout`` played continuously on ``loop`` under a staleness bound (module docstring).
+
+    ``version()`` reads the engine's weight version. ``next_task`` and ``replay`` restore a
+    checkpoint's :meth:`state`. Every :meth:`take` has a deadline of ``timeout_s``.
+    """
+
+    def __init__(
+        self,
+        rollout: RolloutManager,
+        loop: LoopThread,
+        version: Callable[[], int],
+        *,
+        tasks_per_step: int,
+        group_size: int,
+        temperature: float,
+        max_staleness: int,
+        overprovision: int = 0,
+        next_task: int = 0,
+        replay: Sequence[int] = (),
+        timeout_s: float = 600.0,
+    ) -> None:
+        if max_staleness < 1:
+            raise TrainerError(
+                f"max_staleness={max_staleness}: the service needs >= 1 (0 is the synchronous loop)"
+            )
+        self.rollout, self.loop, self.version = rollout, loop, version
+        self.T, self.G, self.temperature = tasks_per_step, group_size, temperature
+        self.K, self.O, self.timeout_s = max_staleness, overprovision, timeout_s
+        self._queue: deque[int] = deque(sorted(replay))  # started before a resume or replayed: first in line
+        self._next = next_task
+        self._running: dict[int, asyncio.Task[list[Episode]]] = {}
+        self._started: dict[int, float] = {}
+        self._done: dict[int, list[Episode]] = {}
+        self._dropped: list[list[Episode]] = []  # failed groups since the last take (counted there)
+        self.counters: Counter[str] = Counter()
+        self._error: BaseException | None = None  # a rollout bug, raised at the next take
+        self._changed: asyncio.Event | None = None
+        self._closed = False
+        self.loop.run(self._start(), timeout_s=30.0, what="starting the rollout service")
+
+    # ------------------------------------------------------------ on the loop
+
+    async def _start(self) -> None:
+        self._changed = asyncio.Event()
+        self._admit()
+
+    def _capacity_left(self) -> int:
+        return (self.K + 1) * self.T + self.O - len(self._running) - len(self._done)
+
+    def _admit(self, beyond_bound: int = 0) -> None:
+        """Start every task the bound admits now (replays first, then new tasks in order).
+
+        ``beyond_bound`` more may start past the version bound: only when nothing is in flight
+        and a batch cannot fill otherwise (dropped groups), when they would play at the very
+        version that trains them.
+        """
+        v = self.version()
+        while not self._closed and self._capacity_left() > 0:
+            k = self._queue[0] if self._queue else self._next
+            if k >= (v + self.K + 1) * self.T + self.O:
+                if beyond_bound <= 0:
+                    return
+                beyond_bound -= 1
+            if self._queue:
+                self._queue.popleft()
+            else:
+                self._next += 1
+            self._started[k] = time.perf_counter()
+            task = asyncio.ensure_future(self.rollout.group(k, self.G, self.temperature, salt=k // self.T))
+            self._running[k] = task
+            task.add_done_callback(functools.partial(self._finished, k))
+
+    def _finished(self, k: int, task: asyncio.Task[list[Episode]]) -> None:
+        self._running.pop(k, None)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        group = task.result() if exc is None else []
+        if exc is not None:  # a bug or a config error in the rollout itself: surface it at the next take
+            self._error = exc
+        elif complete(group):
+            self._done[k] = group
+        else:
+            self._started.pop(k, None)
+            self._dropped.append(group)
+        self._admit()
+        if self._changed is not None:
+            self._changed.set()
+
+    def _oldest(self, group: list[Episode]) -> int:
+        versions = [
+            v
+            for e in group
+            for t in e.trajectories
+            for v, m in zip(t.policy_versions, t.loss_mask, strict=True)
+            if m
+        ]
+        return min(versions, default=self.version())
+
+    async def _take(self, step: int) -> tuple[RolloutResult, float]:
+        assert self._changed is not None
+        t0 = time.perf_counter()
+        while True:
+            if self._error is not None:
+                err, self._error = self._error, None
+                raise err
+            v = self.version()
+            self._admit()
+            for k in [k for k, g in self._done.items() if v - self._oldest(g) > self.K]:
+                del self._done[k]  # too old to train: replay it, first in line
+                self._queue.appendleft(k)
+                self.counters["replayed"] += 1
+            ready = sorted(self._done)[: self.T]
+            if len(ready) == self.T:
+                return self._batch(step, ready, v), time.perf_counter() - t0
+            self._changed.clear()
+            self._admit()
+            if not self._running:  # groups were dropped and the bound admits no more: play now, fresh
+                self._admit(beyond_bound=self.T - len(ready))
+            if not self._running:
+                raise RolloutError(
+                    f"step {step}: {len(ready)} of {self.T} groups complete and none can start"
+                )
+            await self._changed.wait()
+
+    def _batch(self, step: int, ready: list[int], v: int) -> RolloutResult:
+        groups = [self._done.pop(k) for k in ready]
+        first = min(self._started.pop(k) for k in ready)
+        dropped, self._dropped = self._dropped, []
+        res = summarize(groups + dropped, time.perf_counter() - first)
+        lags: Counter[int] = Counter(
+            v - ver
+            for g in groups
+            for e in g
+            for t in e.trajectories
+            for ver, m in zip(t.policy_versions, t.loss_mask, strict=True)
+            if m
+        )
+        total = max(sum(lags.values()), 1)
+        res.metrics.update({f"rollout/lag_{lag}_frac": lags[lag] / total for lag in range(self.K + 1)})
+        res.metrics["rollout/groups_carried"] = float(len(self._done) + len(self._running))
+        res.metrics["rollout/groups_replayed"] = float(self.counters["replayed"])
+        res.metrics["rollout/oldest_task_carried"] = float(min([*self._done, *self._running], default=-1))
+        self._admit()
+        return res
+
+    async def _state(self) -> dict[str, Any]:
+        pending = sorted({*self._queue, *self._running, *self._done})
+        return {"next_task": self._next, "pending": pending}
+
+    async def _close(self) -> None:
+        self._closed = True
+        tasks = list(self._running.values())
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=10.0)
+
+    # ------------------------------------------------------------ from the trainer's thread
+
+    def take(self, step: int) -> tuple[RolloutResult, float]:
+        """Step ``step``'s batch of ``T`` complete groups, and the seconds the trainer waited for it."""
+        return self.loop.run(self._take(step), timeout_s=self.timeout_s, what=f"the batch of step {step}")
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume without losing or repeating a task."""
+        return self.loop.run(self._state(), timeout_s=30.0, what="reading the rollout service's state")
+
+    def close(self) -> None:
+        """Cancel the groups in flight (their tasks are in :meth:`state` of the last checkpoint)."""
+        if not self._closed:
+            self.loop.run(self._close(), timeout_s=30.0, what="stopping the rollout service")

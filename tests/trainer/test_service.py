@@ -1,0 +1,263 @@
+"""Continuous rollout: admission under the staleness bound, stragglers carried over, resume without loss.
+
+The unit tests drive a :class:`RolloutService` with a scripted rollout whose groups take chosen
+times and stamp their tokens with the version in force when they end; the training tests run the
+real loop on the tiny model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agentrl.errors import ConfigError
+from agentrl.eventloop import LoopThread
+from agentrl.trainer.config import resolve
+from agentrl.trainer.errors import RolloutError
+from agentrl.trainer.loop import train
+from agentrl.trainer.metrics import read_jsonl, summary_table
+from agentrl.trainer.rollout import Episode
+from agentrl.trainer.service import RolloutService
+from agentrl.types import Trajectory
+
+
+class Scripted:
+    """A rollout whose group ``k`` takes ``seconds(k)``; its one token carries the version at its start."""
+
+    def __init__(self, seconds=lambda k: 0.01, fails=()) -> None:
+        self.version = 0
+        self.seconds, self.fails = seconds, set(fails)
+        self.started: dict[int, int] = {}  # task -> version at its (last) start
+        self.starts: list[int] = []
+
+    async def group(self, seed: int, group_size: int, temperature: float, salt: int = 0) -> list[Episode]:
+        self.started[seed] = self.version
+        self.starts.append(seed)
+        v = self.version
+        await asyncio.sleep(self.seconds(seed))
+        if seed in self.fails:
+            return [Episode(seed, f"s{seed}", 0.0, [], "infra_error", "env down")] * group_size
+        traj = Trajectory(
+            token_ids=[1, 2], loss_mask=[0, 1], rollout_logprobs=[0.0, -1.0], policy_versions=[-1, v]
+        )
+        return [Episode(seed, f"s{seed}", 1.0, [traj], completion_tokens=1)] * group_size
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    with LoopThread("agentrl-rollout-test") as lt:
+        yield lt
+
+
+def _service(rollout: Scripted, loop: LoopThread, **kw) -> RolloutService:
+    args = {
+        "tasks_per_step": 4,
+        "group_size": 2,
+        "temperature": 1.0,
+        "max_staleness": 1,
+        "timeout_s": 30,
+    } | kw
+    return RolloutService(rollout, loop, lambda: rollout.version, **args)  # type: ignore[arg-type]
+
+
+def _train_steps(svc: RolloutService, rollout: Scripted, steps: int) -> list[list[int]]:
+    batches = []
+    for step in range(steps):
+        res, _ = svc.take(step)
+        batches.append([int(g[0].group_id[1:]) for g in res.groups])
+        lags = {rollout.version - rollout.started[k] for k in batches[-1]}
+        assert max(lags) <= svc.K, (step, lags)
+        time.sleep(0.02)  # the update
+        rollout.version += 1  # the sync
+    return batches
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_admission_keeps_every_trained_group_within_k_versions(loop, k):
+    rollout = Scripted()
+    svc = _service(rollout, loop, max_staleness=k)
+    try:
+        batches = _train_steps(svc, rollout, 6)
+    finally:
+        svc.close()
+    assert [b for bs in batches for b in bs] == list(range(24))  # in order when nothing straggles
+    # it did run ahead: the first step after the start trained groups started k versions earlier
+    assert max(s - rollout.started[t] for s, b in enumerate(batches) for t in b) == k
+    # and never started a task past the bound (k steps ahead, T tasks a step)
+    assert all(t < (rollout.started[t] + k + 1) * 4 for t in rollout.started)
+
+
+def test_a_straggler_does_not_gate_its_batch_and_is_trained_later(loop):
+    rollout = Scripted(seconds=lambda k: 0.6 if k == 1 else 0.01)
+    svc = _service(rollout, loop, max_staleness=2, overprovision=2)
+    try:
+        res, _ = svc.take(0)
+        first = [int(g[0].group_id[1:]) for g in res.groups]
+        assert 1 not in first and first == [0, 2, 3, 4]  # the next complete group took its place
+        assert res.metrics["rollout/groups_carried"] >= 1
+        rollout.version += 1
+        time.sleep(0.7)  # the straggler ends during the update
+        res, _ = svc.take(1)
+        assert [int(g[0].group_id[1:]) for g in res.groups][0] == 1  # first in line once it ended
+    finally:
+        svc.close()
+
+
+def test_a_group_that_grew_too_old_is_replayed_not_trained(loop):
+    rollout = Scripted(seconds=lambda k: 0.5 if (k == 0 and rollout.starts.count(0) == 1) else 0.01)
+    svc = _service(rollout, loop, max_staleness=1)
+    try:
+        first = _train_steps(svc, rollout, 2)  # group 0 straggles through steps 0 and 1
+        assert 0 not in first[0] + first[1]
+        time.sleep(0.6)  # it ends with a token of version 0, two versions behind the trainer's 2
+        later = _train_steps(svc, rollout, 2)  # (steps are numbered from 0 again; only their order counts)
+        assert svc.counters["replayed"] == 1
+        assert rollout.starts.count(0) == 2 and rollout.started[0] == 2  # played again, fresh
+        assert 0 in later[0] + later[1]
+    finally:
+        svc.close()
+
+
+def test_dropped_groups_are_counted_and_the_batch_still_fills(loop):
+    rollout = Scripted(fails={1, 2})
+    svc = _service(rollout, loop, max_staleness=1)
+    try:
+        res, _ = svc.take(0)
+        assert [int(g[0].group_id[1:]) for g in res.groups] == [0, 3, 4, 5]
+        assert res.metrics["rollout/groups_dropped"] == 2
+    finally:
+        svc.close()
+
+
+def test_state_resumes_every_task_once(loop):
+    rollout = Scripted(seconds=lambda k: 0.3 if k == 5 else 0.01)
+    svc = _service(rollout, loop, max_staleness=1)
+    trained = _train_steps(svc, rollout, 1)[0]
+    state = svc.state()
+    svc.close()
+    assert state["next_task"] == 8 and 5 in state["pending"] and not set(state["pending"]) & set(trained)
+    again = Scripted()
+    again.version = rollout.version
+    svc = _service(again, loop, max_staleness=1, next_task=state["next_task"], replay=state["pending"])
+    try:
+        later = _train_steps(svc, again, 2)
+    finally:
+        svc.close()
+    seen = trained + [t for b in later for t in b]
+    assert sorted(seen) == list(range(12)) and len(seen) == len(set(seen))
+
+
+def test_the_service_needs_a_bound_and_overprovision_needs_async(loop):
+    with pytest.raises(Exception, match="max_staleness=0"):
+        _service(Scripted(), loop, max_staleness=0)
+    with pytest.raises(ConfigError, match=r"rollout.overprovision=2: needs asynchronous rollout"):
+        resolve(overprovision=2)
+
+
+def test_a_rollout_bug_surfaces_at_the_next_take(loop):
+    class Broken(Scripted):
+        async def group(self, seed, group_size, temperature, salt=0):
+            raise KeyError("bug in the rollout")
+
+    svc = _service(Broken(), loop)
+    try:
+        with pytest.raises(KeyError, match="bug in the rollout"):
+            svc.take(0)
+    finally:
+        svc.close()
+    assert RolloutError  # the error class a stuck batch raises (see the service)
+
+
+# ---------------------------------------------------------------- the real loop
+
+SMALL = {
+    "model": "tiny-qwen3", "group_size": 2, "tasks_per_step": 2, "max_new_tokens": 6, "eval_episodes": 4,
+    "sft_steps": 3, "sft_batch_size": 4, "progress": False, "tensorboard": False,
+}  # fmt: skip
+
+
+def test_async_training_trains_within_the_bound_and_evaluates(tmp_path, slow_updates):
+    cfg = resolve(**SMALL, eval_every=2, steps=4, max_staleness=1, overprovision=1, run_dir=str(tmp_path))
+    s = train(cfg, console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    steps = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 2, 4]
+    assert all(r["train/staleness_max"] <= 1 for r in steps)  # no trained token past the bound
+    assert any(r["train/staleness_max"] == 1 for r in steps)  # and it did play ahead of the trainer
+    assert all(r["rollout/lag_0_frac"] + r["rollout/lag_1_frac"] == pytest.approx(1.0) for r in steps)
+    assert all(r["rollout/episodes_ok"] == cfg.batch_size for r in steps)
+    assert steps[-1]["sync/version"] == 4
+    tasks = [t for r in read_jsonl(tmp_path / "tasks.jsonl") for t in r["tasks"]]
+    assert len(tasks) == 8 and len(set(tasks)) == 8  # every trained task once
+    assert s.eval_end is not None
+    out = Console(record=True, width=120)
+    out.print(summary_table(tmp_path / "metrics.jsonl"))
+    assert "staleness, max (policy versions)" in out.export_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_kill_9_mid_run_then_resume_trains_every_task_exactly_once(tmp_path, staleness):
+    run = tmp_path / "run"
+    flags = [
+        "--model", "tiny-qwen3", "--group-size", "2", "--tasks-per-step", "2", "--max-new-tokens", "6",
+        "--eval-episodes", "2", "--eval-every", "0", "--sft-steps", "0", "--no-progress", "--no-tensorboard",
+        "--steps", "6", "--checkpoint-every", "2", "--max-staleness", str(staleness), "--run-dir", str(run),
+    ]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from agentrl.cli import main; sys.exit(main())",
+        "train",
+        *flags,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:  # kill it after step 3, past checkpoint 2
+            done = [r["step"] for r in _rows(run / "tasks.jsonl")]
+            if done and max(done) >= 3:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert (run / "checkpoints" / "step-2" / "trainer_state.pt").exists()
+    resumed = subprocess.run(
+        [*cmd, "--resume", str(run / "checkpoints" / "step-2")], env=env, capture_output=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    last = {r["step"]: r["tasks"] for r in _rows(run / "tasks.jsonl")}  # a repeated step: its last row counts
+    assert sorted(last) == [1, 2, 3, 4, 5, 6]
+    trained = [t for s in sorted(last) for t in last[s]]
+    assert len(trained) == len(set(trained)) == 12  # none twice, none lost
+    if staleness == 0:
+        assert trained == list(range(12))  # the synchronous schedule, exactly
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            out.append(json.loads(line))
+    return out
