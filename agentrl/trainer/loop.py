@@ -212,11 +212,6 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
             f"rollout.tasks_per_step={r.tasks_per_step}: must be a multiple of the {world} ranks, "
             "which each roll out an equal share of the tasks"
         )
-    if r.max_staleness:
-        raise ConfigError(
-            f"rollout.max_staleness={r.max_staleness}: asynchronous rollout runs with one process "
-            f"only for now, not under torchrun ({world} ranks); use --max-staleness 0"
-        )
     if r.session_url or cfg.run.weight_sync != "inprocess":
         raise ConfigError(
             f"run.weight_sync={cfg.run.weight_sync!r}, rollout.session_url={r.session_url!r}: "
@@ -297,8 +292,9 @@ def _rollouts(run: _Run, start: int) -> Any:
     def seeds(step: int) -> list[int]:
         return [step * r.tasks_per_step + i for i in range(r.tasks_per_step)]
 
-    if r.max_staleness:  # one process (checked at setup): the service plays the whole step
-        saved = (run.resumed or {}).get("rollout") or {}
+    if r.max_staleness:  # every rank's service plays its share; the shares are gathered here
+        saved = (run.resumed or {}).get("rollout") or [{}] * rt.ranks.world
+        mine = saved[rt.ranks.rank]
         run.service = RolloutService(
             rt.rollout,
             rt.loop,
@@ -308,14 +304,19 @@ def _rollouts(run: _Run, start: int) -> Any:
             temperature=r.temperature,
             max_staleness=r.max_staleness,
             overprovision=r.overprovision,
-            next_task=int(saved.get("next_task", start * r.tasks_per_step)),
-            replay=[int(k) for k in saved.get("pending", [])],
+            next_task=int(mine.get("next_task", start * r.tasks_per_step // rt.ranks.world)),
+            replay=[int(k) for k in mine.get("pending", [])],
+            shard=(rt.ranks.rank, rt.ranks.world),
             timeout_s=rt.loop_timeout_s,
         )
         service = run.service
 
         def take(step: int) -> tuple[RolloutResult, float]:
-            res, _ = service.take(step)
+            share, _ = service.take(step)
+            if rt.ranks.world == 1:
+                return share, share.metrics["rollout/seconds"]
+            parts = rt.ranks.gather(share)
+            res = merge_results(parts, sorted(int(g[0].group_id[1:]) for p in parts for g in p.groups))
             return res, res.metrics["rollout/seconds"]
 
         return take
@@ -373,7 +374,7 @@ def _save(run: _Run, step: int) -> Path:
             "step": step,
             "data_position": step * run.cfg.rollout.tasks_per_step,
             "engine_version": run.rt.engine.weight_version,
-            "rollout": run.service.state() if run.service is not None else None,
+            "rollout": run.rt.ranks.gather(run.service.state()) if run.service is not None else None,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             "meta": {"step": step},
         },

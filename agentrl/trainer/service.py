@@ -26,6 +26,11 @@ rare: a group that straggled past its bound); a group with an infrastructure fai
 and counted, as in the synchronous loop. Weights synced while a group plays reach the engine
 between two decode steps, and its later tokens carry the new version (partial rollout).
 
+**Ranks.** Under ``torchrun`` every rank runs a service over its share of the tasks (``shard =
+(rank, world)``: local task ``j`` is global task ``j * world + rank``) with its own engine, and
+takes ``T / world`` groups a step; the trainer gathers the shares on its own thread, so no
+collective ever runs on the rollout loop beside the training collectives.
+
 **Checkpoint.** :meth:`RolloutService.state` is the next new task and the tasks started but not
 yet trained; a resumed run replays those from their start (an episode's env and engine state
 cannot be captured in general), then goes on from the next task, so every task is trained once.
@@ -51,7 +56,8 @@ class RolloutService:
     """Groups of ``rollout`` played continuously on ``loop`` under a staleness bound (module docstring).
 
     ``version()`` reads the engine's weight version. ``next_task`` and ``replay`` restore a
-    checkpoint's :meth:`state`. Every :meth:`take` has a deadline of ``timeout_s``.
+    checkpoint's :meth:`state` (task ids local to this rank's shard). Every :meth:`take` has a
+    deadline of ``timeout_s``.
     """
 
     def __init__(
@@ -67,6 +73,7 @@ class RolloutService:
         overprovision: int = 0,
         next_task: int = 0,
         replay: Sequence[int] = (),
+        shard: tuple[int, int] = (0, 1),
         timeout_s: float = 600.0,
     ) -> None:
         if max_staleness < 1:
@@ -74,7 +81,10 @@ class RolloutService:
                 f"max_staleness={max_staleness}: the service needs >= 1 (0 is the synchronous loop)"
             )
         self.rollout, self.loop, self.version = rollout, loop, version
-        self.T, self.G, self.temperature = tasks_per_step, group_size, temperature
+        self.rank, self.world = shard
+        if tasks_per_step % self.world:
+            raise TrainerError(f"tasks_per_step={tasks_per_step} does not split across {self.world} ranks")
+        self.T, self.G, self.temperature = tasks_per_step // self.world, group_size, temperature
         self.K, self.O, self.timeout_s = max_staleness, overprovision, timeout_s
         self._queue: deque[int] = deque(sorted(replay))  # started before a resume or replayed: first in line
         self._next = next_task
@@ -116,7 +126,8 @@ class RolloutService:
             else:
                 self._next += 1
             self._started[k] = time.perf_counter()
-            task = asyncio.ensure_future(self.rollout.group(k, self.G, self.temperature, salt=k // self.T))
+            seed = k * self.world + self.rank  # the global task id (= k on one process)
+            task = asyncio.ensure_future(self.rollout.group(seed, self.G, self.temperature, salt=k // self.T))
             self._running[k] = task
             task.add_done_callback(functools.partial(self._finished, k))
 
@@ -190,7 +201,6 @@ class RolloutService:
         res.metrics.update({f"rollout/lag_{lag}_frac": lags[lag] / total for lag in range(self.K + 1)})
         res.metrics["rollout/groups_carried"] = float(len(self._done) + len(self._running))
         res.metrics["rollout/groups_replayed"] = float(self.counters["replayed"])
-        res.metrics["rollout/oldest_task_carried"] = float(min([*self._done, *self._running], default=-1))
         self._admit()
         return res
 

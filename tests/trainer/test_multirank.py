@@ -168,8 +168,21 @@ def test_tasks_must_split_across_ranks(tmp_path):
     assert "rollout.tasks_per_step=4: must be a multiple of the 3 ranks" in proc.stderr
 
 
-def test_async_rollout_is_refused_under_torchrun_before_any_model_loads(tmp_path):
-    proc = _train_as_rank_of(2, tmp_path, "--max-staleness", "1")
-    assert proc.returncode == 1
-    assert "rollout.max_staleness=1: asynchronous rollout runs with one process only" in proc.stderr
-    assert "Traceback" not in proc.stderr
+@pytest.mark.slow
+def test_async_rollout_under_torchrun_trains_every_task_once_within_the_bound(warm_model, tmp_path):
+    run = tmp_path / "async"
+    args = _args(warm_model, run)
+    steps = args.index("--steps") + 1
+    args[steps] = "3"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), "-m", "agentrl.cli", *args, "--max-staleness", "1", "--overprovision", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["train/staleness_max"] <= 1 for r in rows)  # no trained token past the bound
+    assert all(r["rollout/groups"] == 4 for r in rows)  # 2 groups from each rank's service
+    tasks = [t for r in read_jsonl(run / "tasks.jsonl") for t in r["tasks"]]
+    assert len(tasks) == len(set(tasks)) == 12
+    assert {t % 2 for t in tasks} == {0, 1}  # both ranks' shares were trained
