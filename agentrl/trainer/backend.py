@@ -42,6 +42,7 @@ from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError, CheckpointError
 from agentrl.trainer.forward import ValueHead, first_trained_column, plain_logits, shared_logits, token_scores
 from agentrl.trainer.objective import rl_loss, sft_loss
+from agentrl.trainer.offpolicy import mismatch_stats
 from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys
 
 __all__ = ["FSDP2Backend", "TrainBackend", "ValueHead", "decoder_layers", "init_distributed"]
@@ -245,14 +246,24 @@ class FSDP2Backend:
         return out
 
     def _score(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor:
+        """Logprobs of ``batch`` under ``model``, micro-batched.
+
+        The sharded policy's forwards are collectives: a rank with fewer micro-batches runs empty
+        ones (a row scored and dropped) so that every rank runs as many (decoupled PPO scores each
+        rank's own rows).
+        """
         was_training = model.training
         model.eval()
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        groups = token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens)
+        n_mb = self._all_max(len(groups)) if self.sharded and model is self.model else len(groups)
         try:
-            for idx in token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens):
+            for i in range(n_mb):
+                idx = groups[i] if i < len(groups) else [0]
                 mb = batch.select(idx).to(self.device)
                 logp, _, _ = self._forward(model, mb)
-                out[torch.tensor(idx)[:, None], torch.arange(1, mb.input_ids.shape[1])] = logp.cpu()
+                if i < len(groups):
+                    out[torch.tensor(idx)[:, None], torch.arange(1, mb.input_ids.shape[1])] = logp.cpu()
         finally:
             model.train(was_training)
         return out
@@ -313,6 +324,7 @@ class FSDP2Backend:
         n_mb = self._all_max(len(groups))
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (train, rollout) logprobs of the sampled tokens
         for i in range(n_mb):
             rows, weight = (groups[i], 1.0) if i < len(groups) else ([0], 0.0)  # 0: keep collectives matched
             mb = batch.select(rows).to(self.device)
@@ -320,7 +332,7 @@ class FSDP2Backend:
             loss, stats = (
                 self._sft_loss(mb, num_tokens, prompts)
                 if sft
-                else self._micro_loss(mb, num_tokens, num_seqs, prompts)
+                else self._micro_loss(mb, num_tokens, num_seqs, prompts, seen if weight else None)
             )
             (loss * weight * self.world).backward()
             if weight:
@@ -335,6 +347,8 @@ class FSDP2Backend:
         out = {k: v / tok for k, v in stats.items() if k.endswith("_tok")}
         out = {k.removesuffix("_tok"): v for k, v in out.items()}
         out.update({k: v for k, v in stats.items() if not k.endswith("_tok")})
+        if seen:
+            out.update(self._mismatch(seen))
         out["grad_norm"] = grad_norm
         out["lr"] = float(self.scheduler.get_last_lr()[0])
         return out
@@ -346,9 +360,19 @@ class FSDP2Backend:
         return sft_loss(mb, logp, num_tokens)
 
     def _micro_loss(
-        self, mb: TrainBatch, num_tokens: float, num_seqs: float, prompts: list[tuple[int, ...]] | None = None
+        self,
+        mb: TrainBatch,
+        num_tokens: float,
+        num_seqs: float,
+        prompts: list[tuple[int, ...]] | None = None,
+        seen: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the mini-batch loss (:func:`~agentrl.trainer.objective.rl_loss`)."""
+        """The micro-batch's share of the mini-batch loss (:func:`~agentrl.trainer.objective.rl_loss`).
+
+        ``seen`` collects the sampled tokens' (train, rollout) logprobs for :meth:`_mismatch`: the
+        train side is the proximal policy's when decoupled, else this forward's (the same in the
+        step's first update).
+        """
         want_values = self.value_head is not None
         logp, ent_tok, values = self._forward(
             self.model, mb, want_values, window=True, entropy=True, prompts=prompts
@@ -356,7 +380,21 @@ class FSDP2Backend:
         assert ent_tok is not None
         if want_values and values is None:
             raise BackendError("PPO batch needs returns and old_values")
+        if seen is not None:
+            sampled = mb.loss_mask[:, 1:] > 0
+            train = mb.prox_logp[:, 1:] if mb.prox_logp is not None else logp
+            seen.append((train.detach()[sampled].cpu(), mb.old_logp[:, 1:][sampled].cpu()))
         return rl_loss(self.algo, mb, logp, ent_tok, values, num_tokens, num_seqs)
+
+    def _mismatch(self, seen: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+        """:func:`~agentrl.trainer.offpolicy.mismatch_stats` over the mini-batch's sampled tokens.
+
+        Exact on one rank; under ``torchrun`` each rank's statistics, averaged over the ranks.
+        """
+        train = torch.cat([t for t, _ in seen])
+        rollout = torch.cat([r for _, r in seen])
+        stats = mismatch_stats(train, rollout, torch.ones_like(train))
+        return {k: self._all_sum(v) / self.world for k, v in stats.items()}
 
     def _params(self) -> Iterator[nn.Parameter]:
         yield from self.model.parameters()

@@ -34,6 +34,8 @@ class TrainBatch:
     """(B, T) float"""
     ref_logp: torch.Tensor | None = None
     """(B, T) reference-model logprobs, only when a KL penalty is on"""
+    prox_logp: torch.Tensor | None = None
+    """(B, T) logprobs under the weights at the start of the update (decoupled PPO's proximal policy)"""
     old_values: torch.Tensor | None = None
     """(B, T) critic values at rollout time (PPO)"""
     returns: torch.Tensor | None = None

@@ -43,6 +43,8 @@ PolicyLossKind = Literal["ppo", "gspo", "cispo"]
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k2", "k3"]
 SyncKind = Literal["auto", "inprocess", "disk", "broadcast"]
+RolloutCorrection = Literal["none", "tis", "mis", "icepop"]
+CorrectionLevel = Literal["token", "sequence"]
 
 
 def _fail(section: str, name: str, value: Any, why: str) -> None:
@@ -174,6 +176,18 @@ class AlgoConfig:
     """passes over each batch"""
     num_minibatches: int = 1
     """optimizer updates per pass; the batch must split evenly"""
+    decoupled: bool = False
+    """decoupled PPO: clip against the weights at the start of the update (one extra no-grad forward) and weight each token by pi_prox / pi_behaviour"""
+    rollout_correction: RolloutCorrection = "none"
+    """decoupled PPO's behaviour weight: none (as is) | tis (truncated at is_cap) | mis (masked outside [is_low, is_high]) | icepop (token mask, band [0.5, 5] by default)"""
+    correction_level: CorrectionLevel = "token"
+    """tis/mis: the ratio per token, or per sequence (the geometric mean of its tokens' ratios)"""
+    is_cap: float = 2.0
+    """tis: the behaviour weight is truncated at this C"""
+    is_low: float | None = None
+    """mis/icepop: tokens (sequences) with a ratio below this leave the loss; unset = 0.5"""
+    is_high: float | None = None
+    """mis/icepop: tokens (sequences) with a ratio above this leave the loss; unset = 2.0 for mis, 5.0 for icepop"""
 
     def __post_init__(self) -> None:
         if self.clip_low <= 0 or self.clip_low >= 1 or self.clip_high <= 0:
@@ -202,6 +216,43 @@ class AlgoConfig:
             _fail("algo", "advantage", self.advantage, "GAE needs a critic: use --algo ppo")
         if self.algo == "ppo" and self.advantage not in ("auto", "gae"):
             _fail("algo", "advantage", self.advantage, "PPO uses GAE; use --algo grpo for group baselines")
+        self._check_correction()
+
+    def _check_correction(self) -> None:
+        """The off-policy correction's options agree with each other (see agentrl.trainer.offpolicy)."""
+        c = self.rollout_correction
+        if c != "none" and not self.decoupled:
+            _fail(
+                "algo",
+                "rollout_correction",
+                c,
+                "corrects the behaviour weight pi_prox / pi_behaviour of decoupled PPO; add --decoupled",
+            )
+        if c == "icepop" and self.correction_level != "token":
+            _fail(
+                "algo",
+                "correction_level",
+                self.correction_level,
+                "icepop masks single tokens; use --correction-level token, or --rollout-correction mis",
+            )
+        if self.is_cap < 1:
+            _fail("algo", "is_cap", self.is_cap, "must be >= 1 (a cap below 1 down-weights on-policy tokens)")
+        low, high = self.is_bounds
+        if not 0 <= low <= 1 <= high:
+            _fail(
+                "algo",
+                "is_low/is_high",
+                (self.is_low, self.is_high),
+                "need 0 <= is_low <= 1 <= is_high (the band must keep on-policy tokens, ratio 1)",
+            )
+
+    @property
+    def is_bounds(self) -> tuple[float, float]:
+        """The mis/icepop band ``[is_low, is_high]`` with the unset bounds derived."""
+        low = 0.5 if self.is_low is None else self.is_low
+        if self.is_high is not None:
+            return low, self.is_high
+        return low, 5.0 if self.rollout_correction == "icepop" else 2.0
 
     @property
     def advantage_kind(self) -> AdvantageKind:

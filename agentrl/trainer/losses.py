@@ -20,6 +20,9 @@ or a recompute), ``ref_logp`` and ``advantages`` do not.
   ranks add up to exactly the full-batch loss.
 - DAPO dynamic sampling (drop constant-reward groups) and overlong reward shaping.
 - PPO value loss with clipping (as in OpenAI baselines' ppo2).
+
+Decoupled PPO and the off-policy corrections of its behaviour weight (TIS, MIS, IcePop) are
+:mod:`agentrl.trainer.offpolicy`; they reuse :func:`policy_loss` with ``weights``.
 """
 
 from __future__ import annotations
@@ -89,8 +92,14 @@ def policy_loss(
     agg: str = "token-mean",
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> LossOut:
-    """The clipped surrogate of ``kind`` (ppo | gspo | cispo); ``advantages`` is ``(B, T)``."""
+    """The clipped surrogate of ``kind`` (ppo | gspo | cispo); ``advantages`` is ``(B, T)``.
+
+    ``weights`` (``(B, T)``, detached) multiply each token's loss before aggregation: the
+    behaviour correction of decoupled PPO (:mod:`agentrl.trainer.offpolicy`); None leaves the
+    loss untouched.
+    """
     m = mask.to(logp.dtype)
     old_logp = old_logp.detach()
     advantages = advantages.detach()
@@ -119,6 +128,8 @@ def policy_loss(
         clipped = (weight != ratio.detach()).to(logp.dtype)
     else:
         raise ConfigError(f"unknown policy loss {kind!r}; use ppo, gspo or cispo")
+    if weights is not None:
+        per_tok = per_tok * weights.detach()
     loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
     with torch.no_grad():
         stats = {

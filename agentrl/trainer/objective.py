@@ -13,9 +13,12 @@ is this micro-batch's share of a mini-batch total, summed as it is.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from agentrl.trainer import losses as L
+from agentrl.trainer import offpolicy as O
 from agentrl.trainer.batch import TrainBatch
 from agentrl.trainer.config import AlgoConfig
 from agentrl.trainer.errors import BackendError
@@ -73,20 +76,40 @@ def rl_loss(
 def _policy_term(
     a: AlgoConfig, mb: TrainBatch, logp: torch.Tensor, mask: torch.Tensor, agg: dict[str, float]
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped policy-gradient loss and its stats (``_tok`` sums, plus ``pg_loss``)."""
+    """The clipped policy-gradient loss and its stats (``_tok`` sums, plus ``pg_loss``).
+
+    Decoupled (``a.decoupled``), the clip is against ``mb.prox_logp`` and each token's loss is
+    weighted by the corrected ``pi_prox / pi_behaviour`` (:mod:`agentrl.trainer.offpolicy`).
+    """
     old = mb.old_logp[:, 1:]
-    pg = L.policy_loss(
-        logp,
-        old,
-        mb.advantages[:, 1:],
-        mask,
-        kind=a.policy_loss,
-        clip_low=a.clip_low,
-        clip_high=a.clip_high,
-        dual_clip=a.dual_clip,
-        agg=a.loss_agg,
+    kw: dict[str, Any] = {
+        "kind": a.policy_loss,
+        "clip_low": a.clip_low,
+        "clip_high": a.clip_high,
+        "dual_clip": a.dual_clip,
+        "agg": a.loss_agg,
         **agg,
-    )
+    }
+    if a.decoupled:
+        if mb.prox_logp is None:
+            raise BackendError("decoupled PPO but the batch has no prox_logp; compute them with logprobs()")
+        low, high = a.is_bounds
+        pg = O.decoupled_policy_loss(
+            logp,
+            mb.prox_logp[:, 1:],
+            old,
+            mb.advantages[:, 1:],
+            mask,
+            correction=a.rollout_correction,
+            level=a.correction_level,
+            cap=a.is_cap,
+            low=low,
+            high=high,
+            **kw,
+        )
+    else:
+        pg = L.policy_loss(logp, old, mb.advantages[:, 1:], mask, **kw)
+        pg.stats.update(is_weight_mean=1.0, is_truncated_frac=0.0, is_masked_frac=0.0)
     ntok = float(mask.sum())
     stats = {f"{k}_tok": v * ntok for k, v in pg.stats.items()}
     stats["pg_loss"] = float(pg.loss.detach())

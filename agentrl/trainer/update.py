@@ -90,6 +90,8 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
         batch = from_trajectories([trajs[i] for i in mine], [float(adv[i]) for i in mine], pad_id=rt.pad_id)
     if a.kl_coef > 0:
         batch.ref_logp = be.ref_logprobs(batch)
+    if a.decoupled:  # decoupled PPO's proximal policy: the weights before this step's first update
+        batch.prox_logp = be.logprobs(batch)
     stats = be.train_step(batch)
     versions = [v for t in trajs for v, m in zip(t.policy_versions, t.loss_mask, strict=True) if m]
     out = {f"train/{k}": v for k, v in stats.items()}

@@ -1,4 +1,8 @@
-"""torchrun worker: one FSDP2 update on this rank's rows of the fixed batch; rank 0 saves the weights."""
+"""torchrun worker: one FSDP2 update on this rank's rows of the fixed batch; rank 0 saves the weights.
+
+With a second argument ``decoupled``, the update is decoupled PPO with TIS, its proximal logprobs
+scored by the sharded model on each rank's own rows.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from agentrl.trainer.backend import FSDP2Backend, init_distributed  # noqa: E402
 from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
 
 
-def main(out: str) -> None:
+def main(out: str, decoupled: bool = False) -> None:
     torch.set_num_threads(1)
     rank, world = init_distributed()
     model = tiny_model()
@@ -23,11 +27,13 @@ def main(out: str) -> None:
     mine = batch.select(list(range(rank, len(batch), world)))
     be = FSDP2Backend(
         model,
-        AlgoConfig(),
+        AlgoConfig(decoupled=decoupled, rollout_correction="tis" if decoupled else "none"),
         OptimConfig(micro_batch_tokens=40),
         shard="always",
         optimizer_factory=lambda ps: torch.optim.SGD(ps, lr=0.5),
     )
+    if decoupled:
+        mine.prox_logp = be.logprobs(mine)
     stats = be.train_step(mine)
     sd = be.state_dict()
     if rank == 0:
@@ -37,4 +43,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], decoupled=sys.argv[2:] == ["decoupled"])

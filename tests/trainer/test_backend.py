@@ -106,12 +106,15 @@ def test_micro_batches_give_the_full_batch_update(agg):
 
 
 @pytest.mark.slow
-def test_fsdp2_two_processes_match_one(tmp_path):
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_fsdp2_two_processes_match_one(decoupled, tmp_path):
     ref_model = tiny_model()
-    ref = FSDP2Backend(
-        ref_model, AlgoConfig(), OptimConfig(micro_batch_tokens=40), optimizer_factory=_sgd(0.5)
-    )
+    algo = AlgoConfig(decoupled=decoupled, rollout_correction="tis" if decoupled else "none")
+    ref = FSDP2Backend(ref_model, algo, OptimConfig(micro_batch_tokens=40), optimizer_factory=_sgd(0.5))
     batch = _with_current_logp(ref, fixed_batch())
+    if decoupled:  # stale behaviour logprobs; each rank scores its own rows' proximal ones
+        batch.prox_logp = batch.old_logp.clone()
+        batch.old_logp = batch.old_logp + torch.randn(batch.old_logp.shape) * 0.6 * batch.loss_mask
     out = str(tmp_path / "w.safetensors")
     torch.save(batch.old_logp, out + ".old.pt")
     before = {k: v.clone() for k, v in ref_model.state_dict().items()}
@@ -128,6 +131,7 @@ def test_fsdp2_two_processes_match_one(tmp_path):
             str(_free_port()),
             str(HERE / "_fsdp_worker.py"),
             out,
+            *(["decoupled"] if decoupled else []),
         ],
         env=env,
         capture_output=True,
@@ -139,6 +143,9 @@ def test_fsdp2_two_processes_match_one(tmp_path):
     stats2 = torch.load(out + ".stats.pt")
     assert stats2["loss"] == pytest.approx(stats1["loss"], rel=1e-5)
     assert stats2["grad_norm"] == pytest.approx(stats1["grad_norm"], rel=1e-4)
+    if decoupled:
+        assert stats2["is_truncated_frac"] == pytest.approx(stats1["is_truncated_frac"], rel=1e-5)
+        assert stats1["is_truncated_frac"] > 0
     for k, v in ref_model.state_dict().items():
         assert not torch.equal(v, before[k])
         torch.testing.assert_close(got[k], v, atol=1e-5, rtol=1e-4)
