@@ -2,7 +2,8 @@
 
 ``HFEngine`` is the embedded continuous-batching engine over a transformers model;
 ``SGLangEngine`` is the HTTP client of SGLang's native API (also spoken by
-``agentrl serve-engine``). Both implement :class:`Engine`.
+``agentrl serve-engine``); ``SimulatedEngine`` simulates a GPU engine's step costs for
+benchmarks (it computes nothing). All three implement :class:`Engine`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from agentrl.engines.hf import HFEngine
     from agentrl.engines.launcher import launch_sglang_server
     from agentrl.engines.sglang import SGLangEngine
+    from agentrl.engines.simulated import SimulatedEngine
 
 __all__ = [
     "ContextLengthError",
@@ -52,6 +54,7 @@ __all__ = [
     "InvalidTokenError",
     "UnsupportedWeightUpdateError",
     "SGLangEngine",
+    "SimulatedEngine",
     "WeightUpdateError",
     "check_engine",
     "launch_sglang_server",
@@ -65,6 +68,7 @@ __all__ = [
 _LAZY = {
     "HFEngine": "agentrl.engines.hf",
     "SGLangEngine": "agentrl.engines.sglang",
+    "SimulatedEngine": "agentrl.engines.simulated",
     "check_engine": "agentrl.engines.checker",
     "launch_sglang_server": "agentrl.engines.launcher",
 }
@@ -80,7 +84,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'agentrl.engines' has no attribute {name!r}")
 
 
-if TYPE_CHECKING:  # mypy proves both engines satisfy the protocol's signatures
+if TYPE_CHECKING:  # mypy proves every engine satisfies the protocol's signatures
 
-    def _conforms(hf: HFEngine, sglang: SGLangEngine) -> tuple[Engine, Engine]:
-        return hf, sglang
+    def _conforms(hf: HFEngine, sglang: SGLangEngine, sim: SimulatedEngine) -> tuple[Engine, Engine, Engine]:
+        return hf, sglang, sim

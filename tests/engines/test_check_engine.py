@@ -1,5 +1,6 @@
-"""check_engine over every engine implementation: the embedded HFEngine and the SGLang client
-against `agentrl serve-engine` on 127.0.0.1 (a real SGLang server needs a GPU; see test_engine_server)."""
+"""check_engine over every engine implementation: the embedded HFEngine, the SGLang client
+against `agentrl serve-engine` on 127.0.0.1 (a real SGLang server needs a GPU; see test_engine_server),
+and the SimulatedEngine of the benchmarks (checked against its own simulated model)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from agentrl.engines import (
 )
 from agentrl.engines.launcher import launch_server
 from agentrl.engines.sglang import SGLangEngine
+from agentrl.engines.simulated import SimulatedEngine
 
 MAX_POS = int(tiny_qwen2().config.max_position_embeddings)
 
@@ -33,8 +35,13 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-@pytest.fixture(params=["hf", "sglang-client"])
+@pytest.fixture(params=["hf", "sglang-client", "simulated"])
 def engine(request: pytest.FixtureRequest, weights: Path) -> Iterator[Engine]:
+    if request.param == "simulated":
+        eng = SimulatedEngine(VOCAB, step_s=0.005, per_request_s=0.0001, max_context=MAX_POS)
+        yield eng
+        eng.close()
+        return
     if request.param == "hf":
         eng: Engine = HFEngine(tiny_qwen2(seed=0), device="cpu", stop_on_eos=False, num_threads=1)
         yield eng
@@ -51,16 +58,23 @@ def engine(request: pytest.FixtureRequest, weights: Path) -> Iterator[Engine]:
         srv.stop()
 
 
-def test_every_engine_passes_check_engine(engine: Engine, weights: Path) -> None:
+def test_every_engine_passes_check_engine(engine: Engine, weights: Path, tmp_path: Path) -> None:
+    reference: torch.nn.Module = tiny_qwen2(seed=0)
+    if isinstance(engine, SimulatedEngine):  # its model is one logits vector, saved as its checkpoint
+        from safetensors.torch import save_file
+
+        reference = engine.reference_model()
+        weights = tmp_path / "simulated"
+        weights.mkdir()
+        save_file(reference.state_dict(), str(weights / "model.safetensors"))
     report = check_engine(
-        engine, vocab_size=VOCAB, max_context=MAX_POS, reference=tiny_qwen2(seed=0), checkpoint=weights
+        engine, vocab_size=VOCAB, max_context=MAX_POS, reference=reference, checkpoint=weights
     )
     assert not report.skipped, report.skipped
     assert {"generation", "seed", "stop", "bad-input", "logprobs", "abort", "deadline"} <= set(report.passed)
     versions = {c for c in report.passed if c.startswith("versions[")}
-    expected = {"versions[checkpoint]", "versions[distributed]"}
-    if engine.capabilities.state_dict:
-        expected.add("versions[state_dict]")
+    caps = engine.capabilities
+    expected = {f"versions[{p}]" for p in ("state_dict", "checkpoint", "distributed") if caps.supports(p)}
     assert versions == expected
 
 
