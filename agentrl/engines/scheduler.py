@@ -144,10 +144,14 @@ class Scheduler:
         self._thread.join(timeout)
 
     def abort(self, rid: str) -> bool:
-        """Flag a live request for abort (any thread); False if unknown or already finished."""
+        """Flag a live request for abort (any thread); False if unknown or already finished.
+
+        A request whose caller cancelled its future is still live until the engine drops it: a
+        cancelled ``generate`` aborts it this way, so it stops decoding at the next step.
+        """
         with self._cv:
             req = self._by_id.get(rid)
-            if req is None or req.future.done():
+            if req is None or (req.future.done() and not req.future.cancelled()):
                 return False
             req.abort_requested = True
             self._cv.notify_all()

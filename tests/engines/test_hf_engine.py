@@ -173,7 +173,8 @@ async def test_abort_returns_partial_output_and_others_continue(engine: HFEngine
 
 
 async def test_cancelled_generate_frees_its_slot(engine: HFEngine) -> None:
-    task = asyncio.create_task(engine.generate([1], sp(max_new_tokens=120, seed=1)))
+    before = engine.stats["generated_tokens"]
+    task = asyncio.create_task(engine.generate([1], sp(max_new_tokens=120, seed=1, stop_token_ids=[])))
     await _wait_running(engine)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -183,6 +184,8 @@ async def test_cancelled_generate_frees_its_slot(engine: HFEngine) -> None:
             break
         await asyncio.sleep(0.005)
     assert (await engine.health())["running"] == 0
+    # it was stopped, not left to decode to its limit (a cancelled future used to hide it from abort)
+    assert engine.stats["generated_tokens"] - before < 120
 
 
 @pytest.mark.parametrize(
