@@ -329,7 +329,6 @@ def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutRes
 _SUMMED = {
     "rollout/groups",
     "rollout/groups_carried",
-    "rollout/groups_replayed",
     "rollout/groups_dropped",
     "rollout/episodes_ok",
     "rollout/episodes_model_error",

@@ -17,14 +17,16 @@ rollout.overprovision`` extra groups, and at most ``(K + 1) * T + O`` groups are
 yet trained. A task that starts at version ``v`` is normally trained by step ``v + K``, so its
 tokens are at most ``K`` versions old; admission is paced, nothing is discarded for it.
 
-**Take.** At step ``s`` (engine version ``v``) the trainer takes the ``T`` complete groups with the
-lowest task ids whose every sampled token has ``v - version <= K`` (the versions the ledger
-recorded per token). A straggler never gates a batch: later groups that finished are taken
-instead, and it is carried over to a later step (``rollout/groups_carried``), first in line once it
-ends. A complete group that has grown too old is replayed from its start (``rollout/groups_replayed``,
-rare: a group that straggled past its bound); a group with an infrastructure failure is dropped
-and counted, as in the synchronous loop. Weights synced while a group plays reach the engine
-between two decode steps, and its later tokens carry the new version (partial rollout).
+**Take.** At step ``s`` (engine version ``v``) the batch is every group that started at version
+``v - K`` or earlier (its first token is ``K`` versions old: it must be trained now, so the
+trainer waits for it if it still plays), filled up to ``T`` groups with the complete groups of
+lowest task id. A straggler therefore delays no batch for ``K`` steps (later groups that
+finished are taken instead and it is carried over, ``rollout/groups_carried``), and is never
+discarded: nothing is replayed, no token is trained more than ``K`` versions old, and a long
+episode is not starved by restarts. Over-provisioned groups that come due together may make
+a batch larger than ``T`` (``rollout/groups``). A group with an infrastructure failure is
+dropped and counted, as in the synchronous loop. Weights synced while a group plays reach the
+engine between two decode steps, and its later tokens carry the new version (partial rollout).
 
 **Ranks.** Under ``torchrun`` every rank runs a service over its share of the tasks (``shard =
 (rank, world)``: local task ``j`` is global task ``j * world + rank``) with its own engine, and
@@ -90,6 +92,7 @@ class RolloutService:
         self._next = next_task
         self._running: dict[int, asyncio.Task[list[Episode]]] = {}
         self._started: dict[int, float] = {}
+        self._start_version: dict[int, int] = {}
         self._done: dict[int, list[Episode]] = {}
         self._dropped: list[list[Episode]] = []  # failed groups since the last take (counted there)
         self.counters: Counter[str] = Counter()
@@ -126,6 +129,7 @@ class RolloutService:
             else:
                 self._next += 1
             self._started[k] = time.perf_counter()
+            self._start_version[k] = v
             seed = k * self.world + self.rank  # the global task id (= k on one process)
             task = asyncio.ensure_future(self.rollout.group(seed, self.G, self.temperature, salt=k // self.T))
             self._running[k] = task
@@ -143,20 +147,11 @@ class RolloutService:
             self._done[k] = group
         else:
             self._started.pop(k, None)
+            self._start_version.pop(k, None)
             self._dropped.append(group)
         self._admit()
         if self._changed is not None:
             self._changed.set()
-
-    def _oldest(self, group: list[Episode]) -> int:
-        versions = [
-            v
-            for e in group
-            for t in e.trajectories
-            for v, m in zip(t.policy_versions, t.loss_mask, strict=True)
-            if m
-        ]
-        return min(versions, default=self.version())
 
     async def _take(self, step: int) -> tuple[RolloutResult, float]:
         assert self._changed is not None
@@ -167,26 +162,27 @@ class RolloutService:
                 raise err
             v = self.version()
             self._admit()
-            for k in [k for k, g in self._done.items() if v - self._oldest(g) > self.K]:
-                del self._done[k]  # too old to train: replay it, first in line
-                self._queue.appendleft(k)
-                self.counters["replayed"] += 1
-            ready = sorted(self._done)[: self.T]
-            if len(ready) == self.T:
-                return self._batch(step, ready, v), time.perf_counter() - t0
+            due = [k for k, sv in self._start_version.items() if sv <= v - self.K]
+            if all(k in self._done for k in due):
+                rest = sorted(k for k in self._done if k not in due)
+                ready = sorted(due) + rest[: max(0, self.T - len(due))]
+                if len(ready) >= self.T:
+                    return self._batch(step, sorted(ready), v), time.perf_counter() - t0
             self._changed.clear()
             self._admit()
             if not self._running:  # groups were dropped and the bound admits no more: play now, fresh
-                self._admit(beyond_bound=self.T - len(ready))
+                self._admit(beyond_bound=self.T - len(self._done))
             if not self._running:
                 raise RolloutError(
-                    f"step {step}: {len(ready)} of {self.T} groups complete and none can start"
+                    f"step {step}: {len(self._done)} of {self.T} groups complete and none can start"
                 )
             await self._changed.wait()
 
     def _batch(self, step: int, ready: list[int], v: int) -> RolloutResult:
         groups = [self._done.pop(k) for k in ready]
         first = min(self._started.pop(k) for k in ready)
+        for k in ready:
+            del self._start_version[k]
         dropped, self._dropped = self._dropped, []
         res = summarize(groups + dropped, time.perf_counter() - first)
         lags: Counter[int] = Counter(
@@ -200,7 +196,6 @@ class RolloutService:
         total = max(sum(lags.values()), 1)
         res.metrics.update({f"rollout/lag_{lag}_frac": lags[lag] / total for lag in range(self.K + 1)})
         res.metrics["rollout/groups_carried"] = float(len(self._done) + len(self._running))
-        res.metrics["rollout/groups_replayed"] = float(self.counters["replayed"])
         self._admit()
         return res
 
