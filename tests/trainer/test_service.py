@@ -198,10 +198,11 @@ def test_async_training_trains_within_the_bound_and_evaluates(tmp_path, slow_upd
     assert all(r["train/staleness_max"] <= 1 for r in steps)  # no trained token past the bound
     assert any(r["train/staleness_max"] == 1 for r in steps)  # and it did play ahead of the trainer
     assert all(r["rollout/lag_0_frac"] + r["rollout/lag_1_frac"] == pytest.approx(1.0) for r in steps)
-    assert all(r["rollout/episodes_ok"] == cfg.batch_size for r in steps)
+    # a batch is T groups, or more when over-provisioned groups come due together
+    assert all(r["rollout/episodes_ok"] >= cfg.batch_size for r in steps)
     assert steps[-1]["sync/version"] == 4
     tasks = [t for r in read_jsonl(tmp_path / "tasks.jsonl") for t in r["tasks"]]
-    assert len(tasks) == 8 and len(set(tasks)) == 8  # every trained task once
+    assert len(tasks) == len(set(tasks)) >= 8  # every trained task once
     assert s.eval_end is not None
     out = Console(record=True, width=120)
     out.print(summary_table(tmp_path / "metrics.jsonl"))
