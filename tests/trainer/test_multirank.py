@@ -182,7 +182,7 @@ def test_async_rollout_under_torchrun_trains_every_task_once_within_the_bound(wa
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["train/staleness_max"] <= 1 for r in rows)  # no trained token past the bound
-    assert all(r["rollout/groups"] == 4 for r in rows)  # 2 groups from each rank's service
+    assert all(r["rollout/groups"] >= 4 for r in rows)  # 2 groups (or more, over-provisioned) from each rank
     tasks = [t for r in read_jsonl(run / "tasks.jsonl") for t in r["tasks"]]
-    assert len(tasks) == len(set(tasks)) == 12
+    assert len(tasks) == len(set(tasks)) >= 12
     assert {t % 2 for t in tasks} == {0, 1}  # both ranks' shares were trained
