@@ -11,8 +11,9 @@ run's event loop all the time, while the trainer updates and syncs::
 step that plays it in the synchronous loop, and its sampling salt, so a task samples the same
 seeds whichever mode plays it.
 
-**Admission** (the bound of AReaL's ``max_head_offpolicyness``, Fu et al. 2025): with the engine
-at weight version ``v``, task ``k`` may start once ``k < (v + K + 1) * T + O``, where ``O =
+**Admission** (the bound of AReaL's ``max_head_offpolicyness``, Fu et al. 2025): once the engine
+has taken ``n`` weight updates since the service started, another group may start while fewer
+than ``(n + K + 1) * T + O`` have started (replays of a resume included), where ``O =
 rollout.overprovision`` extra groups, and at most ``(K + 1) * T + O`` groups are started and not
 yet trained. A task that starts at version ``v`` is normally trained by step ``v + K``, so its
 tokens are at most ``K`` versions old; admission is paced, nothing is discarded for it.
@@ -90,6 +91,8 @@ class RolloutService:
         self.K, self.O, self.timeout_s = max_staleness, overprovision, timeout_s
         self._queue: deque[int] = deque(sorted(replay))  # started before a resume or replayed: first in line
         self._next = next_task
+        self._v0 = 0  # the engine's version when the service started (read on the loop, in _start)
+        self._admitted = 0  # groups started by this service
         self._running: dict[int, asyncio.Task[list[Episode]]] = {}
         self._started: dict[int, float] = {}
         self._start_version: dict[int, int] = {}
@@ -105,6 +108,7 @@ class RolloutService:
 
     async def _start(self) -> None:
         self._changed = asyncio.Event()
+        self._v0 = self.version()
         self._admit()
 
     def _capacity_left(self) -> int:
@@ -120,7 +124,7 @@ class RolloutService:
         v = self.version()
         while not self._closed and self._capacity_left() > 0:
             k = self._queue[0] if self._queue else self._next
-            if k >= (v + self.K + 1) * self.T + self.O:
+            if self._admitted >= (v - self._v0 + self.K + 1) * self.T + self.O:
                 if beyond_bound <= 0:
                     return
                 beyond_bound -= 1
@@ -128,6 +132,7 @@ class RolloutService:
                 self._queue.popleft()
             else:
                 self._next += 1
+            self._admitted += 1
             self._started[k] = time.perf_counter()
             self._start_version[k] = v
             seed = k * self.world + self.rank  # the global task id (= k on one process)
