@@ -390,8 +390,11 @@ def _print_row(args: argparse.Namespace, row: str, sides: dict[str, list[dict[st
             x["samples_per_s"] / y["samples_per_s"] for x, y in zip(sides[key], sides["trl"], strict=True)
         )
         median = statistics.median(paired)
+        slower = sum(x < 1.0 for x in paired)
         if median < 1.05:
             behind.append(f"{name}: per-round median {median:.2f}x, not ahead of TRL")
+        elif slower:
+            behind.append(f"{name}: slower than TRL in {slower} of {len(paired)} rounds")
         print(
             f"| {name} | {a['samples_per_s']:.1f} | {a['length']:.1f} | {a['turns']:.2f} | {a['reward']:.2f} | "
             f"{a['stale']:.0f} | {a['samples_per_s'] / t['samples_per_s']:.2f}x | {median:.2f}x "
@@ -435,8 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--warm-start-steps",
         type=int,
-        default=30,
-        help="SFT steps on the calculator's oracle episodes before the multi-turn row (cached)",
+        default=100,
+        help="SFT steps on the calculator's oracle episodes before the multi-turn row (cached); "
+        "fewer leave a model whose sampled tool calls are mostly malformed",
     )
     p.add_argument(
         "--quick", action="store_true", help="smoke run: 1 measured step, 1 round, 2 tasks x G=2, 8 tokens"
