@@ -347,6 +347,11 @@ def trl_round(args: argparse.Namespace, env_name: str, model_dir: str) -> dict[s
             callbacks=[Timer()],
             environment_factory=(lambda: _CalculatorTools(env_kwargs)) if multi else None,
         )
+        if multi:
+            # TRL writes the tool schema from the wrapper's signature (other key order, a "return"
+            # entry); the prompt gets the env's own spec instead, as agentrl renders it, since a model
+            # warm-started on one prompt text is thrown off by another (TRL has no public hook for this)
+            trainer._env_tools[None] = [t.model_dump(exclude_none=True) for t in env.tools]
         trainer.remove_callback(PrinterCallback)  # the per-step log lines
         trainer.train()
     measured = times[1:]
