@@ -83,10 +83,15 @@ ends on a tool call, i.e. ran out of turns, scores 0, as agentrl's truncation do
 TRL's ``max_completion_length`` caps a whole conversation (model and tool tokens), while
 agentrl's ``max_new_tokens`` caps each turn: TRL gets ``generation_kwargs={"max_new_tokens":
 N}`` (each generate call, i.e. each turn, stops at N) and a conversation budget of
-``turns * (N + 64)`` that the turn limit reaches first. Differences left: TRL writes the
-tool schema from the wrapper's signature and docstring (agentrl from the same method, with
-``additionalProperties: false``), and a tool call TRL cannot parse ends its episode as a
-plain answer, while agentrl sends the model a parse error and goes on.
+``turns * (N + 64)`` that the turn limit reaches first. TRL parses tool calls (and
+patches a template for training) only for chat templates it knows by their exact text, so
+its tokenizer gets TRL's copy of Qwen3's template, of which the tiny model's is a
+re-implementation; and TRL would write the tool schema from the wrapper's signature (keys
+in another order, a ``return`` entry: 211 prompt tokens instead of 201, enough to throw the
+warm-started model off), so the trainer's private ``_env_tools`` gets the env's own spec.
+TRL's prompt is then token for token agentrl's (201 tokens). Left different: a tool call
+TRL cannot parse ends its episode as a plain (wrong) answer, while agentrl sends the model
+a parse error and the episode goes on.
 
     python benchmarks/trainer.py [--rows single,multi] [--steps 4] [--rounds 2] [--quick]
 """
@@ -308,6 +313,7 @@ def trl_round(args: argparse.Namespace, env_name: str, model_dir: str) -> dict[s
             use_cpu=True,
             bf16=False,
             gradient_checkpointing=False,
+            use_cache=True,  # Trainer sets model.config.use_cache from this (default False): generate without a KV cache
             num_generations=args.group_size,
             per_device_train_batch_size=args.prompts * args.group_size,
             gradient_accumulation_steps=1,
