@@ -55,6 +55,9 @@ optimizer                   AdamW lr 1e-5, betas 0.9/0.99,   ``optim="adamw_torc
 LR schedule                 constant, no warm-up             ``lr_scheduler_type="constant"`` (default linear)
 grad clipping               global norm 1.0                  ``max_grad_norm=1.0``
 sampling                    temperature 1, no top-k/top-p    the same (``top_k=0``, ``top_p=1``)
+KV cache when decoding      yes (the engine's)               ``use_cache=True`` (default False: the Trainer
+                                                             copies it to ``model.config``, and ``generate``
+                                                             then recomputes the whole sequence every token)
 completion length           ``--max-new-tokens`` per turn,   single-turn: ``max_completion_length``;
                             stop at end-of-turn              multi-turn: see below; same stop tokens
 turns (multi-turn)          env's ``max_turns`` (4)          ``max_tool_calling_iterations`` = turns - 1
