@@ -457,7 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         "fewer leave a model whose sampled tool calls are mostly malformed",
     )
     p.add_argument(
-        "--quick", action="store_true", help="smoke run: 1 measured step, 1 round, 2 tasks x G=2, 8 tokens"
+        "--quick",
+        action="store_true",
+        help="smoke run: 1 measured step, 1 round, 2 tasks x G=2, 8 tokens, 2 warm-start steps (no tool calls; numbers meaningless)",
     )
     args = p.parse_args(argv)
     if args.quick:
