@@ -37,12 +37,10 @@ from pydantic import ValidationError
 
 from agentrl.engines.batch import PrefixCache
 from agentrl.engines.errors import (
-    ContextLengthError,
     InvalidSamplingError,
-    InvalidTokenError,
     WeightUpdateError,
 )
-from agentrl.engines.protocol import EngineCapabilities, Generation
+from agentrl.engines.protocol import EngineCapabilities, Generation, check_prompt
 from agentrl.engines.scheduler import Request, Scheduler
 from agentrl.engines.weights import StagedWeights, load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
@@ -360,26 +358,9 @@ class HFEngine:
     def _validate_prompt(self, input_ids: Any, params: SamplingParams) -> list[int]:
         if isinstance(input_ids, torch.Tensor):
             input_ids = input_ids.flatten().tolist()
-        if not isinstance(input_ids, (list, tuple)):
-            raise InvalidTokenError(f"input_ids must be a list of ints, got {type(input_ids).__name__}")
-        if len(input_ids) == 0:
-            raise InvalidTokenError("input_ids is empty; a prompt needs at least one token")
-        for i, t in enumerate(input_ids):
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise InvalidTokenError(f"input_ids[{i}] = {t!r} is not an int token id")
-            if not 0 <= t < self.vocab_size:
-                raise InvalidTokenError(
-                    f"input_ids[{i}] = {t} is outside the model's vocabulary [0, {self.vocab_size}); "
-                    "was the prompt tokenized with a different tokenizer?"
-                )
-        total = len(input_ids) + params.max_new_tokens
-        if total > self.max_context:
-            raise ContextLengthError(
-                f"prompt of {len(input_ids)} tokens + max_new_tokens={params.max_new_tokens} = {total} "
-                f"exceeds the model's context of {self.max_context} tokens; shorten the prompt or lower "
-                "max_new_tokens"
-            )
-        return list(input_ids)
+        return check_prompt(
+            input_ids, params, vocab_size=self.vocab_size, max_context=self.max_context, whose="the model's"
+        )
 
     def _forward(
         self, input_ids: torch.Tensor, allowed: torch.Tensor, positions: torch.Tensor, cache: Any

@@ -41,7 +41,13 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from agentrl.engines.errors import EngineError, EngineTimeoutError, UnsupportedWeightUpdateError
+from agentrl.engines.errors import (
+    ContextLengthError,
+    EngineError,
+    EngineTimeoutError,
+    InvalidTokenError,
+    UnsupportedWeightUpdateError,
+)
 from agentrl.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -53,6 +59,7 @@ __all__ = [
     "FinishReason",
     "Generation",
     "WeightPath",
+    "check_prompt",
     "require_capability",
     "run_sync",
 ]
@@ -200,3 +207,33 @@ def run_sync(coro: Coroutine[Any, Any, T], *, timeout_s: float, what: str) -> T:
             raise EngineTimeoutError(f"{what} did not finish within {timeout_s} s") from None
 
     return asyncio.run(bounded())
+
+
+def check_prompt(
+    input_ids: Any, sampling: SamplingParams, *, vocab_size: int, max_context: int, whose: str
+) -> list[int]:
+    """The prompt as a list of token ids, or the engine error every engine raises for it.
+
+    ``InvalidTokenError`` for a non-list, an empty prompt, a non-int or an id outside
+    ``[0, vocab_size)``; ``ContextLengthError`` when prompt + ``max_new_tokens`` exceeds
+    ``max_context``. ``whose`` names the vocabulary/context in messages ("the model's").
+    """
+    if not isinstance(input_ids, (list, tuple)):
+        raise InvalidTokenError(f"input_ids must be a list of ints, got {type(input_ids).__name__}")
+    if len(input_ids) == 0:
+        raise InvalidTokenError("input_ids is empty; a prompt needs at least one token")
+    for i, t in enumerate(input_ids):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise InvalidTokenError(f"input_ids[{i}] = {t!r} is not an int token id")
+        if not 0 <= t < vocab_size:
+            raise InvalidTokenError(
+                f"input_ids[{i}] = {t} is outside {whose} vocabulary [0, {vocab_size}); "
+                "was the prompt tokenized with a different tokenizer?"
+            )
+    total = len(input_ids) + sampling.max_new_tokens
+    if total > max_context:
+        raise ContextLengthError(
+            f"prompt of {len(input_ids)} tokens + max_new_tokens={sampling.max_new_tokens} = {total} "
+            f"exceeds {whose} context of {max_context} tokens; shorten the prompt or lower max_new_tokens"
+        )
+    return list(input_ids)

@@ -62,16 +62,14 @@ from typing import Any
 import torch
 
 from agentrl.engines.errors import (
-    ContextLengthError,
     EngineRequestError,
     EngineUnavailableError,
     InvalidSamplingError,
-    InvalidTokenError,
     UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
-from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation
+from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, check_prompt
 from agentrl.engines.scheduler import resolve
 from agentrl.engines.simulated_model import (
     Distribution,
@@ -343,31 +341,15 @@ class SimulatedEngine:
         return n
 
     def _validate(self, input_ids: Any, params: SamplingParams) -> int:
-        if not isinstance(input_ids, (list, tuple)):
-            raise InvalidTokenError(f"input_ids must be a list of ints, got {type(input_ids).__name__}")
-        if len(input_ids) == 0:
-            raise InvalidTokenError("input_ids is empty; a prompt needs at least one token")
-        for i, t in enumerate(input_ids):
-            if isinstance(t, bool) or not isinstance(t, int):
-                raise InvalidTokenError(f"input_ids[{i}] = {t!r} is not an int token id")
-            if not 0 <= t < self.vocab_size:
-                raise InvalidTokenError(
-                    f"input_ids[{i}] = {t} is outside the simulated vocabulary [0, {self.vocab_size}); "
-                    "give the engine the tokenizer's vocab_size"
-                )
+        ids = check_prompt(
+            input_ids, params, vocab_size=self.vocab_size, max_context=self.max_context, whose="the simulated"
+        )
         bad_stops = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
         if bad_stops:
             raise InvalidSamplingError(
                 f"stop_token_ids {bad_stops} are outside the simulated vocabulary [0, {self.vocab_size})"
             )
-        total = len(input_ids) + params.max_new_tokens
-        if total > self.max_context:
-            raise ContextLengthError(
-                f"prompt of {len(input_ids)} tokens + max_new_tokens={params.max_new_tokens} = {total} "
-                f"exceeds the engine's context of {self.max_context} tokens; shorten the prompt or lower "
-                "max_new_tokens"
-            )
-        return len(input_ids)
+        return len(ids)
 
     def _flag_abort(self, rid: str) -> bool:
         # A request is live while it is in _by_id: its future may already be cancelled (a caller's
