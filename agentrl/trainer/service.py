@@ -89,7 +89,7 @@ class RolloutService:
             raise TrainerError(f"tasks_per_step={tasks_per_step} does not split across {self.world} ranks")
         self.T, self.G, self.temperature = tasks_per_step // self.world, group_size, temperature
         self.K, self.O, self.timeout_s = max_staleness, overprovision, timeout_s
-        self._queue: deque[int] = deque(sorted(replay))  # started before a resume or replayed: first in line
+        self._queue: deque[int] = deque(sorted(replay))  # what a checkpoint left untrained: first in line
         self._next = next_task
         self._v0 = 0  # the engine's version when the service started (read on the loop, in _start)
         self._admitted = 0  # groups started by this service
@@ -98,7 +98,6 @@ class RolloutService:
         self._start_version: dict[int, int] = {}
         self._done: dict[int, list[Episode]] = {}
         self._dropped: list[list[Episode]] = []  # failed groups since the last take (counted there)
-        self.counters: Counter[str] = Counter()
         self._error: BaseException | None = None  # a rollout bug, raised at the next take
         self._changed: asyncio.Event | None = None
         self._closed = False
@@ -115,7 +114,7 @@ class RolloutService:
         return (self.K + 1) * self.T + self.O - len(self._running) - len(self._done)
 
     def _admit(self, beyond_bound: int = 0) -> None:
-        """Start every task the bound admits now (replays first, then new tasks in order).
+        """Start every task the bound admits now (a resume's untrained tasks first, then new ones in order).
 
         ``beyond_bound`` more may start past the version bound: only when nothing is in flight
         and a batch cannot fill otherwise (dropped groups), when they would play at the very
