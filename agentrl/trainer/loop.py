@@ -45,8 +45,7 @@ from agentrl.trainer.rollout import RolloutResult, merge_results
 from agentrl.trainer.runtime import (
     Runtime,
     build_runtime,
-    eval_metrics,
-    play_eval,
+    evaluate,
     seed_everything,
     start_run_dir,
 )
@@ -274,7 +273,7 @@ def _reference(run: _Run) -> None:
 
 
 def _eval_start(run: _Run) -> None:
-    ev = _evaluate(run, "the evaluation at the start of RL")
+    ev = evaluate(run.rt, what="the evaluation at the start of RL")
     run.log.log("eval", 0, ev)
     run.summary.eval_start = ev["eval/reward"]
     run.console.print(
@@ -336,17 +335,11 @@ def _rollouts(run: _Run, start: int) -> Any:
     return now
 
 
-def _evaluate(run: _Run, what: str) -> dict[str, float]:
-    """Greedy held-out episodes on the run's loop (beside the continuous rollout's groups, if any)."""
-    res = run.rt.loop.run(play_eval(run.rt), timeout_s=run.rt.loop_timeout_s, what=what)
-    return eval_metrics(run.rt, res)
-
-
 def _log_eval_checkpoint(run: _Run, done: int, row: dict[str, float], task: Any, task_ids: list[int]) -> None:
     """After ``done`` steps: eval every ``eval_every``, the metrics row and trained tasks, progress, checkpoint."""
     cfg = run.cfg
     if cfg.rollout.eval_every and done % cfg.rollout.eval_every == 0 and done < cfg.run.steps:
-        run.last_eval = _evaluate(run, f"the eval after step {done}")
+        run.last_eval = evaluate(run.rt, what=f"the eval after step {done}")
         run.log.log("eval", done, run.last_eval)
     run.log.log("train", done, row)
     run.log.tasks(done, task_ids)
@@ -389,7 +382,7 @@ def _save(run: _Run, step: int) -> Path:
 
 def _eval_end(run: _Run) -> None:
     run.summary.steps = run.cfg.run.steps
-    ev = _evaluate(run, "the evaluation at the end of RL")
+    ev = evaluate(run.rt, what="the evaluation at the end of RL")
     run.log.log("eval", run.cfg.run.steps, ev)
     run.summary.eval_end = ev["eval/reward"]
 

@@ -296,9 +296,10 @@ def eval_metrics(rt: Runtime, res: RolloutResult, episodes: int | None = None) -
     }
 
 
-def evaluate(rt: Runtime, episodes: int | None = None) -> dict[str, float]:
-    """Greedy episodes on the held-out seeds, played on the run's loop; every rank returns the same numbers."""
-    res = rt.loop.run(play_eval(rt, episodes), timeout_s=rt.loop_timeout_s, what="the evaluation")
+def evaluate(rt: Runtime, episodes: int | None = None, *, what: str = "the evaluation") -> dict[str, float]:
+    """Greedy episodes on the held-out seeds, played on the run's loop (beside a continuous rollout's
+    groups, if any); every rank returns the same numbers. ``what`` names it in a deadline error."""
+    res = rt.loop.run(play_eval(rt, episodes), timeout_s=rt.loop_timeout_s, what=what)
     return eval_metrics(rt, res, episodes)
 
 

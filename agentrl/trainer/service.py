@@ -165,6 +165,7 @@ class RolloutService:
                 err, self._error = self._error, None
                 raise err
             v = self.version()
+            self._changed.clear()
             self._admit()
             due = [k for k, sv in self._start_version.items() if sv <= v - self.K]
             if all(k in self._done for k in due):
@@ -172,8 +173,6 @@ class RolloutService:
                 ready = sorted(due) + rest[: max(0, self.T - len(due))]
                 if len(ready) >= self.T:
                     return self._batch(step, sorted(ready), v), time.perf_counter() - t0
-            self._changed.clear()
-            self._admit()
             if not self._running:  # groups were dropped and the bound admits no more: play now, fresh
                 self._admit(beyond_bound=self.T - len(self._done))
             if not self._running:
