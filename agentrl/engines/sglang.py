@@ -33,15 +33,13 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
+from agentrl.engines.http_client import HTTPEngineClient
 from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, run_sync
 from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
 from agentrl.httpkit import StatusMap
 from agentrl.types import SamplingParams
 
 __all__ = ["SGLangEngine", "to_sglang_sampling"]
-
-_RETRY_ALWAYS = (httpx.ConnectError, httpx.ConnectTimeout)
-_RETRY_IDEMPOTENT = (*_RETRY_ALWAYS, httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError)
 
 
 def to_sglang_sampling(params: SamplingParams) -> dict[str, Any]:
@@ -82,7 +80,7 @@ def _int_version(v: Any, default: int) -> int:
         return default
 
 
-class SGLangEngine:
+class SGLangEngine(HTTPEngineClient):
     """Engine protocol over HTTP (see the module docstring). ``base_url`` like ``http://127.0.0.1:30000``."""
 
     def __init__(
@@ -95,14 +93,13 @@ class SGLangEngine:
         api_key: str | None = None,
         weight_version: int = 0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.connect_timeout_s = connect_timeout_s
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # httpx connection pools belong to one event loop; keep one client per loop so the
-        # engine can be used from successive asyncio.run() calls (as sync trainer code does).
-        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+        super().__init__(
+            base_url,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retries=retries,
+            api_key=api_key,
+        )
         self._version = weight_version
         self._groups: dict[str, Any] = {}
         self._joined: set[str] = set()  # weight groups the server joined for this client; close() leaves them
@@ -110,55 +107,6 @@ class SGLangEngine:
     @property
     def weight_version(self) -> int:
         return self._version
-
-    # ------------------------------------------------------------------ HTTP plumbing
-
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        for key, (old_loop, _) in list(self._clients.items()):
-            if old_loop.is_closed():
-                del self._clients[key]  # its connections died with their loop
-        entry = self._clients.get(id(loop))
-        if entry is None or entry[0] is not loop:
-            entry = (loop, httpx.AsyncClient(base_url=self.base_url, headers=self._headers))
-            self._clients[id(loop)] = entry
-        return entry[1]
-
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        idempotent: bool = False,
-        timeout_s: float | None = None,
-    ) -> httpx.Response:
-        retryable = _RETRY_IDEMPOTENT if idempotent else _RETRY_ALWAYS
-        timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.connect_timeout_s)
-        client = self._client()
-        delay = 0.2
-        for attempt in range(self.retries + 1):
-            try:
-                resp = await client.request(method, path, json=body, timeout=timeout)
-            except retryable as e:
-                if attempt == self.retries:
-                    raise EngineUnavailableError(
-                        f"{method} {self.base_url}{path} failed after {attempt + 1} attempts: {type(e).__name__}: {e}"
-                    ) from e
-            except httpx.TimeoutException as e:
-                raise EngineTimeoutError(
-                    f"{method} {self.base_url}{path} exceeded its deadline of {timeout_s or self.timeout_s} s"
-                ) from e
-            except httpx.HTTPError as e:
-                raise EngineUnavailableError(
-                    f"{method} {self.base_url}{path} failed: {type(e).__name__}: {e}"
-                ) from e
-            else:
-                if not (idempotent and resp.status_code in (502, 503) and attempt < self.retries):
-                    return resp
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
 
     def _raise_for(self, resp: httpx.Response, path: str) -> None:
         _ERRORS.raise_for(resp.status_code, resp.content, f"{self.base_url}{path}")
@@ -461,11 +409,6 @@ class SGLangEngine:
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 self._joined.discard(name)
         self._clients.clear()
-
-    async def aclose(self) -> None:
-        entry = self._clients.pop(id(asyncio.get_running_loop()), None)
-        if entry is not None:
-            await entry[1].aclose()
 
     async def __aenter__(self) -> SGLangEngine:
         return self

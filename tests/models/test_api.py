@@ -22,6 +22,7 @@ FILES = {
 }
 FAMILIES = {
     "tiny": "qwen3",
+    "small": "qwen3",
     "tiny-qwen2.5": "qwen2.5",
     "tiny-qwen3": "qwen3",
     "tiny-llama3": "llama3",

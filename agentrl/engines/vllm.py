@@ -1,0 +1,367 @@
+"""VLLMEngine: the Engine protocol over a real vLLM server (``vllm serve``, in its own environment).
+
+Tokens in, tokens out: ``POST /inference/v1/generate`` with ``token_ids`` and vLLM's
+``sampling_params``; the answer carries the sampled ids, one logprob per token (the server
+runs with ``--logprobs-mode processed_logprobs``: the log-probability under the distribution
+the token was drawn from, after temperature / top-k / top-p, as docs/engines.md defines it),
+the finish reason and vLLM's own per-token weight-version spans, which this client maps to
+``Generation.weight_versions``.
+
+Weight updates (``update_weights_from_path``) are atomic for the sampler:
+
+1. the checkpoint is checked against the served model's tensor names and shapes before
+   anything changes (a rejected update leaves the old weights and version serving);
+2. ``/pause?mode=keep`` freezes running requests between two decode steps;
+3. ``/collective_rpc`` ``reload_weights`` loads the new tensors in place;
+4. ``/reset_prefix_cache``, then ``/update_weight_version``: the version changes once;
+5. ``/resume``: frozen requests continue, and their later tokens carry the new version.
+
+A reload that fails after step 3 began reloads the last good weights before resuming (so no
+half-updated model ever samples) and raises :class:`WeightUpdateError`. The RL endpoints used
+here exist only in vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``), which
+:func:`agentrl.engines.launcher.launch_vllm_server` sets. One client owns a server's weights:
+two trainers updating one server would interleave their versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from agentrl.engines.errors import (
+    EngineError,
+    EngineRequestError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    UnsupportedWeightUpdateError,
+    WeightUpdateError,
+)
+from agentrl.engines.hf import SamplingLike, parse_sampling
+from agentrl.engines.http_client import HTTPEngineClient
+from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, check_prompt
+from agentrl.types import SamplingParams
+
+__all__ = ["VLLMEngine", "checkpoint_manifest", "to_vllm_sampling"]
+
+
+def to_vllm_sampling(params: SamplingParams) -> dict[str, Any]:
+    """agentrl ``SamplingParams`` as vLLM ``sampling_params`` (token ids out, the sampled token's logprob)."""
+    out: dict[str, Any] = {
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "logprobs": 0,
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.seed is not None:
+        out["seed"] = params.seed
+    if params.ignore_eos:
+        out["ignore_eos"] = True
+    return out
+
+
+def _served_id(request_id: str) -> str:
+    """The id vLLM's token route gives a request (it prefixes the caller's): the one aborts must name."""
+    return f"generate-tokens-{request_id}"
+
+
+def checkpoint_manifest(path: str | os.PathLike[str]) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape of every ``*.safetensors`` file at ``path`` (a file or a directory), headers only."""
+    from safetensors import safe_open
+
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
+    if not files:
+        raise WeightUpdateError(f"no .safetensors file at {str(p)!r}; write one with save_weights_dir")
+    out: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
+                out[name] = tuple(st.get_slice(name).get_shape())
+    return out
+
+
+def _model_limits(model_path: str | os.PathLike[str]) -> tuple[int, int]:
+    """``(vocab_size, max_position_embeddings)`` from the model's ``config.json``."""
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    return int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 4096))
+
+
+class VLLMEngine(HTTPEngineClient):
+    """Engine protocol over a vLLM server (see the module docstring).
+
+    ``model_path`` is the local directory the server was started from: its ``config.json``
+    bounds the prompts checked here (vocabulary, ``max_context``, default the server's
+    ``--max-model-len`` if given) and its safetensors headers are what an update must match.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model_path: str | os.PathLike[str],
+        *,
+        max_context: int | None = None,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        retries: int = 3,
+        api_key: str | None = None,
+        weight_version: int = 0,
+    ) -> None:
+        super().__init__(
+            base_url,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retries=retries,
+            api_key=api_key,
+        )
+        self.model_path = str(model_path)
+        self.vocab_size, positions = _model_limits(model_path)
+        self.max_context = max_context or positions
+        self._manifest = checkpoint_manifest(model_path)
+        self._good_path = self.model_path  # what the server holds now: the rollback target
+        self._version = self._initial_version = weight_version
+        self._lock = asyncio.Lock()  # one update at a time (per loop; updates come from one owner)
+        self.stats = {"updates": 0, "rejected_updates": 0, "rollbacks": 0}
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """A safetensors path the server can read; no in-process state dict, no gloo group (not yet)."""
+        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=False)
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
+    ) -> Generation:
+        params = parse_sampling(sampling)
+        ids = check_prompt(
+            input_ids, params, vocab_size=self.vocab_size, max_context=self.max_context, whose="the model's"
+        )
+        rid = request_id or uuid.uuid4().hex
+        body = {"token_ids": ids, "request_id": rid, "sampling_params": to_vllm_sampling(params)}
+        try:
+            resp = await self._call("POST", "/inference/v1/generate", body)
+        except (EngineTimeoutError, asyncio.CancelledError):
+            await self._abort_quietly(rid)
+            raise
+        self._raise_for(resp, "/inference/v1/generate")
+        return self._generation(resp.json(), rid, len(ids))
+
+    def _generation(self, out: dict[str, Any], rid: str, prompt_len: int) -> Generation:
+        try:
+            choice = out["choices"][0]
+            output_ids = [int(t) for t in choice.get("token_ids") or []]
+            content = (choice.get("logprobs") or {}).get("content") or []
+            logprobs = [float(c["logprob"]) for c in content]
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise EngineUnavailableError(
+                f"{self.base_url}/inference/v1/generate: malformed answer ({e})"
+            ) from e
+        if len(logprobs) != len(output_ids):
+            raise EngineUnavailableError(
+                f"{self.base_url}/inference/v1/generate returned {len(output_ids)} ids but {len(logprobs)} logprobs"
+            )
+        versions = [self._version] * len(output_ids)
+        for span in choice.get("weight_versions") or []:
+            v = self._label(span.get("version"))
+            for i in range(max(0, int(span["start"])), min(len(output_ids), int(span["end"]))):
+                versions[i] = v
+        fr = choice.get("finish_reason")
+        reason: FinishReason = fr if fr in ("stop", "length", "abort") else "stop"
+        usage = out.get("usage") or {}
+        return Generation(
+            output_ids=output_ids,
+            logprobs=logprobs,
+            finish_reason=reason,
+            weight_version=max(versions, default=self._version),
+            weight_versions=versions,
+            request_id=rid,
+            prompt_tokens=int(usage.get("prompt_tokens") or prompt_len),
+            meta={"cached_tokens": int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)},
+        )
+
+    def _label(self, label: Any) -> int:
+        """vLLM's version label as an int: the ones this client set; ``"default"`` (none set yet) is the initial one."""
+        try:
+            return int(label)
+        except (TypeError, ValueError):
+            return self._initial_version
+
+    def _raise_for(self, resp: httpx.Response, path: str) -> None:
+        if resp.status_code < 400:
+            return
+        try:
+            body = resp.json()
+            err = body.get("error") if isinstance(body, dict) else None
+            message = (
+                (err.get("message") if isinstance(err, dict) else err) or body.get("detail") or resp.text
+            )
+        except ValueError:
+            message = resp.text
+        where = f"{self.base_url}{path}"
+        if resp.status_code == 504:
+            raise EngineTimeoutError(f"{where}: {message}")
+        if 400 <= resp.status_code < 500:
+            raise EngineRequestError(f"{where} refused the request ({resp.status_code}): {message}")
+        raise EngineUnavailableError(f"{where} failed ({resp.status_code}): {message}")
+
+    async def _abort_quietly(self, rid: str) -> None:
+        with contextlib.suppress(EngineError, asyncio.CancelledError):
+            await asyncio.shield(
+                self._call("POST", "/abort_requests", {"request_ids": [_served_id(rid)]}, timeout_s=10.0)
+            )
+
+    async def abort(self, request_id: str) -> bool:
+        """Stop a request at the next step; its ``generate`` returns the partial output ("abort")."""
+        resp = await self._call(
+            "POST", "/abort_requests", {"request_ids": [_served_id(request_id)]}, timeout_s=30.0
+        )
+        self._raise_for(resp, "/abort_requests")
+        return True
+
+    async def health(self) -> dict[str, Any]:
+        resp = await self._call("GET", "/health", idempotent=True, timeout_s=30.0)
+        if resp.status_code != 200:
+            return {"status": "unhealthy", "http_status": resp.status_code, "url": self.base_url}
+        return {"status": "ok", "url": self.base_url, "engine": "vllm", "weight_version": self._version}
+
+    async def model_info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, "vocab_size": self.vocab_size, "max_context": self.max_context,
+                "weight_version": self._version, "engine": "vllm"}  # fmt: skip
+
+    async def flush_cache(self) -> None:
+        await self._post_ok("/reset_prefix_cache", None, "resetting the prefix cache")
+
+    # ------------------------------------------------------------------ weights
+
+    async def _post_ok(
+        self,
+        path: str,
+        body: Any,
+        what: str,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout_s: float = 300.0,
+    ) -> Any:
+        resp = await self._call("POST", path, body, params=params, timeout_s=timeout_s)
+        if resp.status_code != 200:
+            raise WeightUpdateError(
+                f"{what}: {self.base_url}{path} answered {resp.status_code}: {resp.text[:500]}"
+            )
+        try:
+            return resp.json()
+        except ValueError:
+            return None
+
+    def _check_update(self, path: str | os.PathLike[str]) -> None:
+        """The checkpoint names exactly the served model's tensors, with the same shapes; else nothing changes."""
+        got = checkpoint_manifest(path)
+        want = self._manifest
+        unknown = sorted(set(got) - set(want) - {"lm_head.weight"})
+        missing = sorted(set(want) - set(got))
+        bad = sorted(n for n in set(got) & set(want) if got[n] != want[n])
+        if unknown or missing or bad:
+            parts = []
+            if unknown:
+                parts.append(f"unknown tensors {unknown[:5]}")
+            if missing:
+                parts.append(f"missing tensors {missing[:5]} (vLLM reloads whole checkpoints only)")
+            if bad:
+                parts.append("shape mismatches " + ", ".join(f"{n}: {got[n]} vs {want[n]}" for n in bad[:5]))
+            self.stats["rejected_updates"] += 1
+            raise WeightUpdateError(
+                f"checkpoint {str(path)!r} does not match the served model {self.model_path!r}: "
+                + "; ".join(parts)
+                + "; nothing was changed"
+            )
+
+    async def update_weights_from_path(
+        self, path: str | os.PathLike[str], *, version: int | None = None
+    ) -> int:
+        """Reload all weights from a safetensors directory the server can read (see the module docstring)."""
+        new = self._version + 1 if version is None else int(version)
+        self._check_update(path)
+        async with self._lock:
+            await self._post_ok("/pause", None, "pausing generation", params={"mode": "keep"})
+            try:
+                try:
+                    await self._reload(str(path))
+                except WeightUpdateError:
+                    self.stats["rollbacks"] += 1
+                    await self._reload(self._good_path)  # the old weights serve again, whole
+                    raise
+                await self.flush_cache()
+                await self._post_ok(
+                    "/update_weight_version", {"new_version": str(new)}, "setting the version"
+                )
+                self._version, self._good_path = new, str(path)
+                self.stats["updates"] += 1
+            finally:
+                await self._post_ok("/resume", None, "resuming generation")
+        return new
+
+    async def _reload(self, path: str) -> None:
+        body = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": self.timeout_s}
+        await self._post_ok("/collective_rpc", body, f"reloading the weights from {path!r}")
+
+    async def update_weights_from_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> int:
+        """Not served: the server is another process (write the tensors with save_weights_dir first)."""
+        raise UnsupportedWeightUpdateError(
+            f"{self.base_url} is a vLLM server in another process and cannot take an in-process state dict; "
+            "write it with agentrl.trainer.weight_sync.save_weights_dir and call update_weights_from_path "
+            "(run.weight_sync='disk')"
+        )
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+    ) -> None:
+        raise UnsupportedWeightUpdateError(
+            "VLLMEngine does not join torch.distributed weight groups yet; use run.weight_sync='disk'"
+        )
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        weight_version: int | str | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        raise UnsupportedWeightUpdateError(
+            "VLLMEngine does not receive torch.distributed weight buckets yet; use run.weight_sync='disk'"
+        )
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        raise UnsupportedWeightUpdateError("VLLMEngine joins no torch.distributed weight group")
+
+    def close(self) -> None:
+        """Forget the HTTP pools (they close with their loops); the server is the launcher's to stop."""
+        self._clients.clear()
