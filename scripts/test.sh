@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 # where extra intra-op threads only contend (measured: decode steps 10-20 ms at 1 thread, 150-300 ms at 2).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 scripts/system-deps.sh
-scripts/setup.sh --dev
+scripts/setup.sh --dev --vllm
 # Gates before the tests (seconds; any finding fails the run): lint, formatting, types.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

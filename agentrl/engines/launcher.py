@@ -1,16 +1,23 @@
-"""Launchers for engine servers: a real SGLang server (GPU machines) or any command serving the same API.
+"""Launchers for engine servers: vLLM (its own environment), SGLang (GPU machines), or any command.
 
-:func:`launch_sglang_server` starts ``python -m sglang.launch_server`` with the flags
-agentrl relies on (``--skip-tokenizer-init``: token ids in and out) and waits for
-``/health``; :func:`launch_server` does the same for any command line, e.g.
-``agentrl serve-engine``. A server that exits while starting raises with the tail of
-its log; one that is not healthy by the deadline is stopped and raises.
+:func:`launch_vllm_server` starts ``vllm serve``'s API server from the vLLM environment
+(``scripts/setup.sh --vllm``) with the flags agentrl relies on (token route, processed
+logprobs, dev-mode RL endpoints); :func:`launch_sglang_server` starts
+``python -m sglang.launch_server`` (``--skip-tokenizer-init``: token ids in and out);
+:func:`launch_server` runs any command line, e.g. ``agentrl serve-engine``, and waits for
+``/health`` under a deadline. A server that exits while starting raises with the tail of its
+log; one that is not healthy by the deadline is stopped and raises.
+
+Every server runs under :mod:`agentrl.engines.reaper`, in a process group of its own: it
+is stopped (the whole group: vLLM's engine core and workers too) by :meth:`EngineServer.stop`,
+and also when the process that launched it dies, even by ``kill -9``. Nothing is left behind.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -25,14 +32,25 @@ import httpx
 from agentrl.engines.errors import EngineTimeoutError, EngineUnavailableError
 from agentrl.engines.sglang import SGLangEngine
 
-__all__ = ["SGLangServer", "launch_server", "launch_sglang_server", "sglang_command"]
+__all__ = [
+    "EngineServer",
+    "SGLangServer",
+    "find_vllm_python",
+    "free_port",
+    "launch_server",
+    "launch_sglang_server",
+    "launch_vllm_server",
+    "sglang_command",
+    "vllm_command",
+]
 
 
 @dataclass
-class SGLangServer:
-    """A server process started by :func:`launch_server` and the URL it answers on."""
+class EngineServer:
+    """A server started by :func:`launch_server` (under its reaper) and the URL it answers on."""
 
     process: subprocess.Popen[bytes]
+    """The reaper; the server is its child, leader of its own process group."""
     base_url: str
     log_path: Path
 
@@ -40,7 +58,12 @@ class SGLangServer:
         return SGLangEngine(self.base_url, **kwargs)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self.process.poll() is None:
+        """Stop the server and everything it started (idempotent)."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()  # EOF: the reaper stops the server's group
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
             self.process.terminate()
             try:
                 self.process.wait(timeout_s)
@@ -48,11 +71,22 @@ class SGLangServer:
                 self.process.kill()
                 self.process.wait(timeout_s)
 
-    def __enter__(self) -> SGLangServer:
+    def __enter__(self) -> EngineServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+SGLangServer = EngineServer
+"""The former name of :class:`EngineServer`."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def sglang_command(
@@ -88,10 +122,14 @@ def launch_server(
     )
     log = open(log_path, "wb")  # noqa: SIM115 - the child process owns it
     proc = subprocess.Popen(
-        list(cmd), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        [sys.executable, "-m", "agentrl.engines.reaper", "--", *cmd],
+        stdin=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
     )
     log.close()
-    server = SGLangServer(proc, base_url.rstrip("/"), log_path)
+    server = EngineServer(proc, base_url.rstrip("/"), log_path)
     deadline = time.monotonic() + startup_timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -112,7 +150,7 @@ def launch_server(
 
 
 def launch_sglang_server(model_path: str, *, host: str = "127.0.0.1", port: int = 30000, startup_timeout_s: float = 900.0,
-                         **kwargs: Any) -> SGLangServer:  # fmt: skip
+                         **kwargs: Any) -> EngineServer:  # fmt: skip
     """Start a real SGLang server (GPU machines, ``pip install 'agentrl[sglang]'``); see :func:`sglang_command`."""
     if importlib.util.find_spec("sglang") is None:
         raise EngineUnavailableError(
@@ -121,3 +159,148 @@ def launch_sglang_server(model_path: str, *, host: str = "127.0.0.1", port: int 
         )
     cmd = sglang_command(model_path, host=host, port=port, **kwargs)
     return launch_server(cmd, f"http://{host}:{port}", startup_timeout_s=startup_timeout_s)
+
+
+MAX_MODEL_LEN = 4096
+"""Context of a started vLLM server: the model's, capped here (its KV cache must hold one full sequence)."""
+
+VLLM_SETUP = "scripts/setup.sh --vllm"
+"""The command that creates vLLM's environment (``.venv-vllm`` next to ``.venv``)."""
+
+
+def find_vllm_python(python: str | None = None) -> str:
+    """The interpreter of the vLLM environment: ``python``, else ``$AGENTRL_VLLM_PYTHON``, else ``.venv-vllm``.
+
+    ``.venv-vllm`` is looked for in the project checkout agentrl runs from and in the current
+    directory. Raises :class:`EngineUnavailableError` naming the setup command when none imports vllm.
+    """
+    candidates = [python] if python else []
+    if not python and os.environ.get("AGENTRL_VLLM_PYTHON"):
+        candidates.append(os.environ["AGENTRL_VLLM_PYTHON"])
+    if not candidates:
+        root = Path(__file__).resolve().parents[2]
+        candidates += [
+            str(root / ".venv-vllm" / "bin" / "python"),
+            str(Path.cwd() / ".venv-vllm" / "bin" / "python"),
+        ]
+    for exe in candidates:
+        if Path(exe).is_file():
+            probe = subprocess.run([exe, "-c", "import vllm.entrypoints.openai.api_server"],
+                                   capture_output=True, timeout=120)  # fmt: skip
+            if probe.returncode == 0:
+                return exe
+            raise EngineUnavailableError(
+                f"{exe} cannot import vllm ({probe.stderr.decode(errors='replace').strip().splitlines()[-1:]}); "
+                f"recreate the vLLM environment with {VLLM_SETUP}"
+            )
+    raise EngineUnavailableError(
+        f"vLLM is not set up (looked for {', '.join(candidates)}); run {VLLM_SETUP}, "
+        "or point AGENTRL_VLLM_PYTHON (--engine-python) at an interpreter that has vllm"
+    )
+
+
+def vllm_command(python: str, model_path: str, *, host: str = "127.0.0.1", port: int = 8000,
+                 max_model_len: int = 4096, seed: int = 0, dtype: str = "auto",
+                 extra_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    """The vLLM API server command agentrl runs: token route only, logprobs of the sampled distribution."""
+    return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", host,
+            "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
+            "--logprobs-mode", "processed_logprobs", "--tokens-only", "--disable-log-stats",
+            "--worker-extension-cls", "agentrl_vllm_worker.WorkerExtension",
+            *(["--enforce-eager"] if not _cuda() else []), *extra_args]  # fmt: skip
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def vllm_env(threads: int = 1) -> dict[str, str]:
+    """Environment of a vLLM server: its RL endpoints (dev mode), and on CPU a small KV cache, unbound threads."""
+    ext = str(Path(__file__).with_name("vllm_ext"))  # agentrl_vllm_worker, importable in vLLM's environment
+    path = os.pathsep.join(p for p in (ext, os.environ.get("PYTHONPATH", "")) if p)
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CONFIGURE_LOGGING": "1", "PYTHONPATH": path}
+    if not _cuda():
+        env |= {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}  # fmt: skip
+    return env
+
+
+def launch_vllm_server(
+    model_path: str,
+    *,
+    log_path: Path | None = None,
+    python: str | None = None,
+    port: int | None = None,
+    max_model_len: int = 4096,
+    seed: int = 0,
+    threads: int = 1,
+    startup_timeout_s: float = 600.0,
+) -> EngineServer:
+    """Start vLLM on ``model_path`` (a local directory) from its own environment; wait for ``/health``."""
+    exe = find_vllm_python(python)
+    port = port or free_port()
+    dtype = "auto" if _cuda() else "float32"  # bf16 matmuls are several times slower than fp32 on a CPU
+    cmd = vllm_command(exe, model_path, port=port, max_model_len=max_model_len, seed=seed, dtype=dtype)
+    return launch_server(
+        cmd, f"http://127.0.0.1:{port}", startup_timeout_s=startup_timeout_s, log_path=log_path,
+        env=vllm_env(threads),
+    )  # fmt: skip
+
+
+def local_model_dir(model: str) -> str:
+    """A directory holding ``model``: a catalogue name or path as resolved, a hub id as its local snapshot."""
+    from agentrl.models import resolve
+
+    path = resolve(model)
+    if Path(path).is_dir():
+        return path
+    from huggingface_hub import snapshot_download  # a hub id: the server and this client read the same files
+
+    return str(snapshot_download(path))
+
+
+def start_engine(
+    kind: str,
+    model: str,
+    *,
+    url: str = "",
+    python: str = "",
+    seed: int = 0,
+    log_path: Path | None = None,
+    startup_timeout_s: float = 600.0,
+    timeout_s: float = 600.0,
+) -> tuple[Any, EngineServer | None]:
+    """The engine client of ``kind`` (``vllm``/``sglang``) at ``url``, or on a server started here.
+
+    Returns ``(engine, server)``; ``server`` is None for an engine already running at ``url``, else
+    the caller stops it (:meth:`EngineServer.stop`; it also dies with the caller).
+    """
+    from agentrl.engines.vllm import VLLMEngine, model_limits
+
+    path = local_model_dir(model)
+    server: EngineServer | None = None
+    if kind == "vllm":
+        context = min(model_limits(path)[1], MAX_MODEL_LEN)
+        if not url:
+            server = launch_vllm_server(path, log_path=log_path, python=python or None, seed=seed,
+                                        max_model_len=context, startup_timeout_s=startup_timeout_s)  # fmt: skip
+            url = server.base_url
+        try:
+            return VLLMEngine(url, path, max_context=context, timeout_s=timeout_s), server
+        except BaseException:
+            if server is not None:
+                server.stop()
+            raise
+    if kind == "sglang":
+        if not url:
+            server = launch_sglang_server(
+                path, port=free_port(), startup_timeout_s=startup_timeout_s, seed=seed
+            )
+            url = server.base_url
+        return SGLangEngine(url, timeout_s=timeout_s), server
+    raise EngineUnavailableError(f"unknown engine kind {kind!r}; use hf, vllm or sglang")

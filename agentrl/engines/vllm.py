@@ -12,7 +12,9 @@ Weight updates (``update_weights_from_path``) are atomic for the sampler:
 1. the checkpoint is checked against the served model's tensor names and shapes before
    anything changes (a rejected update leaves the old weights and version serving);
 2. ``/pause?mode=keep`` freezes running requests between two decode steps;
-3. ``/collective_rpc`` ``reload_weights`` loads the new tensors in place;
+3. ``/collective_rpc`` ``agentrl_reload`` (agentrl's worker extension,
+   ``vllm_ext/agentrl_vllm_worker.py``) loads the new tensors in place and refreshes what
+   vLLM derives from tied tensors (the output head);
 4. ``/reset_prefix_cache``, then ``/update_weight_version``: the version changes once;
 5. ``/resume``: frozen requests continue, and their later tokens carry the new version.
 
@@ -94,7 +96,7 @@ def checkpoint_manifest(path: str | os.PathLike[str]) -> dict[str, tuple[int, ..
     return out
 
 
-def _model_limits(model_path: str | os.PathLike[str]) -> tuple[int, int]:
+def model_limits(model_path: str | os.PathLike[str]) -> tuple[int, int]:
     """``(vocab_size, max_position_embeddings)`` from the model's ``config.json``."""
     cfg = json.loads((Path(model_path) / "config.json").read_text())
     return int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 4096))
@@ -128,7 +130,7 @@ class VLLMEngine(HTTPEngineClient):
             api_key=api_key,
         )
         self.model_path = str(model_path)
-        self.vocab_size, positions = _model_limits(model_path)
+        self.vocab_size, positions = model_limits(model_path)
         self.max_context = max_context or positions
         self._manifest = checkpoint_manifest(model_path)
         self._good_path = self.model_path  # what the server holds now: the rollback target
@@ -318,7 +320,7 @@ class VLLMEngine(HTTPEngineClient):
         return new
 
     async def _reload(self, path: str) -> None:
-        body = {"method": "reload_weights", "kwargs": {"weights_path": path}, "timeout": self.timeout_s}
+        body = {"method": "agentrl_reload", "kwargs": {"weights_path": path}, "timeout": self.timeout_s}
         await self._post_ok("/collective_rpc", body, f"reloading the weights from {path!r}")
 
     async def update_weights_from_state_dict(

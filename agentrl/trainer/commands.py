@@ -45,7 +45,7 @@ def _sft(args: argparse.Namespace) -> int:
     console = Console()
     run_dir = start_run_dir(cfg)
     seed_everything(cfg.run.seed)
-    rt = build_runtime(cfg)
+    rt = build_runtime(cfg, run_dir=run_dir)
     log = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard)
     t0 = time.perf_counter()
     try:

@@ -43,6 +43,7 @@ PolicyLossKind = Literal["ppo", "gspo", "cispo"]
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 KLEstimator = Literal["k1", "k2", "k3"]
 SyncKind = Literal["auto", "inprocess", "disk", "broadcast"]
+EngineKind = Literal["hf", "vllm", "sglang"]
 RolloutCorrection = Literal["none", "tis", "mis", "icepop"]
 CorrectionLevel = Literal["token", "sequence"]
 
@@ -67,10 +68,25 @@ class ModelConfig:
     """FSDP2 CPUOffloadPolicy: keep parameters and optimizer state on the host (GPU only)"""
     share_prompts: bool = True
     """in the update, run the forward of a prompt that several episodes share (a group) once (not yet under torchrun)"""
+    engine: EngineKind = "hf"
+    """rollout engine: hf (embedded, in process), vllm (a vLLM server agentrl starts, or --engine-url), sglang (--engine-url, or started on a GPU machine)"""
+    engine_url: str = ""
+    """URL of an engine server already running (of --engine's kind); empty: agentrl starts one for vllm/sglang"""
+    engine_python: str = ""
+    """interpreter of the vLLM environment; empty: $AGENTRL_VLLM_PYTHON, else .venv-vllm (scripts/setup.sh --vllm)"""
+    engine_startup_s: float = 600.0
+    """deadline for a started engine server to answer /health"""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "auto"):
             _fail("model", "device", self.device, "use 'cpu', 'cuda' or 'auto'")
+        if self.engine == "hf" and self.engine_url:
+            _fail("model", "engine_url", self.engine_url, "the embedded engine (--engine hf) has no URL; "
+                  "say which server it is with --engine vllm or --engine sglang")  # fmt: skip
+        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
+            _fail("model", "engine_url", self.engine_url, "use an http:// or https:// URL")
+        if self.engine_startup_s <= 0:
+            _fail("model", "engine_startup_s", self.engine_startup_s, "must be > 0")
         if self.threads < 0:
             _fail("model", "threads", self.threads, "must be >= 0")
 
@@ -359,12 +375,20 @@ class TrainConfig:
             _fail(
                 "algo", "overlong_buffer", a.overlong_buffer, f"must be < max_new_tokens={r.max_new_tokens}"
             )
+        remote_engine = r.session_url or self.model.engine != "hf"
+        if r.session_url and self.model.engine != "hf":
+            _fail("model", "engine", self.model.engine, f"with rollout.session_url={r.session_url!r} the session "
+                  "server's own engine serves the episodes; start it with `agentrl serve-session --engine "
+                  f"{self.model.engine}` and leave --engine out here")  # fmt: skip
         if self.run.weight_sync == "auto":
             object.__setattr__(
                 self,
                 "run",
-                dataclasses.replace(self.run, weight_sync="disk" if r.session_url else "inprocess"),
+                dataclasses.replace(self.run, weight_sync="disk" if remote_engine else "inprocess"),
             )
+        if self.model.engine != "hf" and self.run.weight_sync == "inprocess":
+            _fail("run", "weight_sync", self.run.weight_sync, f"the {self.model.engine} engine runs in another "
+                  "process; use --weight-sync disk (it reloads the safetensors the trainer writes)")  # fmt: skip
         if r.session_url and self.run.weight_sync == "inprocess":
             _fail(
                 "run",

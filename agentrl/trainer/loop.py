@@ -158,7 +158,7 @@ def _setup(cfg: TrainConfig, console: Any) -> _Run:
     console.print(f"[bold]agentrl train[/bold] → {run_dir}" + (f"  ({world} ranks)" if world > 1 else ""))
     console.print(to_toml(cfg), markup=False, highlight=False)
     seed_everything(cfg.run.seed)
-    rt = build_runtime(cfg, ranks=ranks)
+    rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir)
     try:
         # checked here, before any training: the engine must serve the configured transport
         sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run)

@@ -36,6 +36,7 @@ from agentrl.trainer.rollout import RolloutManager, RolloutResult, turn_limit
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from agentrl.engines.launcher import EngineServer
     from agentrl.envs import Env
 
 __all__ = [
@@ -65,6 +66,8 @@ class Runtime:
     loop: LoopThread
     pad_id: int
     ranks: Ranks = field(default_factory=Ranks)
+    server: EngineServer | None = None
+    """The engine server this run started (``--engine vllm``/``sglang`` without a URL); stopped on close."""
 
     @property
     def loop_timeout_s(self) -> float:
@@ -73,12 +76,16 @@ class Runtime:
         return max(300.0, r.episode_timeout_s * (r.max_infra_retries + 1) + 60)
 
     def close(self) -> None:
-        """Release the sessions' connections, close the engine, stop the loop (in that order)."""
+        """Release the sessions' connections, close the engine, stop the loop and the engine server."""
         try:
             self.loop.run(self.sessions.aclose(), timeout_s=30.0, what="closing the session backend")
         finally:
-            self.engine.close()
-            self.loop.close()
+            try:
+                self.engine.close()
+                self.loop.close()
+            finally:
+                if self.server is not None:
+                    self.server.stop()
 
 
 def seed_everything(seed: int) -> None:
@@ -151,11 +158,14 @@ def _device(cfg: TrainConfig) -> str:
     return cfg.model.device
 
 
-def build_runtime(cfg: TrainConfig, model_path: str | None = None, ranks: Ranks | None = None) -> Runtime:
+def build_runtime(
+    cfg: TrainConfig, model_path: str | None = None, ranks: Ranks | None = None, run_dir: Path | None = None
+) -> Runtime:
     """Load the policy (trainer copy + engine copy), tokenizer, session backend and env; start the loop.
 
     Under ``torchrun`` every rank builds its own runtime (its own engine); on CPU the
-    ``threads`` budget is split between the ranks of one machine.
+    ``threads`` budget is split between the ranks of one machine. An engine server started
+    here (``--engine vllm``) writes its log into ``run_dir`` (``engine-rank<N>.log``).
     """
     from agentrl.models import load_model, load_tokenizer, resolve
 
@@ -169,14 +179,20 @@ def build_runtime(cfg: TrainConfig, model_path: str | None = None, ranks: Ranks 
     path = resolve(name)
     tokenizer = load_tokenizer(path)
     loop = LoopThread("agentrl-rollout")
+    server: EngineServer | None = None
     try:
         if cfg.rollout.session_url:  # checked before the policy loads: a wrong URL or model fails fast
             sessions, engine = _connect_session_server(cfg, loop, tokenizer, name)
+        elif cfg.model.engine != "hf":  # started (or reached) before the policy loads, for the same reason
+            engine, server = _engine_server(cfg, name, run_dir, ranks)
+            sessions = _manager(tokenizer, engine, name)
         policy = load_model(path).to(device=device, dtype=torch.float32)
-        if not cfg.rollout.session_url:
+        if not cfg.rollout.session_url and cfg.model.engine == "hf":
             sessions, engine = _local_sessions(cfg, tokenizer, path, name, device)
     except BaseException:
         loop.close()
+        if server is not None:
+            server.stop()
         raise
     r = cfg.rollout
     rollout = RolloutManager(
@@ -189,7 +205,7 @@ def build_runtime(cfg: TrainConfig, model_path: str | None = None, ranks: Ranks 
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Runtime(
-        cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, loop, int(pad), ranks
+        cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, loop, int(pad), ranks, server
     )
 
 
@@ -199,11 +215,31 @@ def _local_sessions(
     """The embedded engine (its own copy of the weights) and an in-process session manager over it."""
     from agentrl.engines.hf import HFEngine
     from agentrl.models import load_model
-    from agentrl.session.manager import SessionManager
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     engine = HFEngine(load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0)
-    return SessionManager(tokenizer, engine, model_name=name), engine
+    return _manager(tokenizer, engine, name), engine
+
+
+def _manager(tokenizer: Any, engine: Engine, name: str) -> SessionBackend:
+    from agentrl.session.manager import SessionManager
+
+    return SessionManager(tokenizer, engine, model_name=name)
+
+
+def _engine_server(
+    cfg: TrainConfig, name: str, run_dir: Path | None, ranks: Ranks
+) -> tuple[Engine, EngineServer | None]:
+    """The ``--engine`` client: on ``--engine-url``, or on a server started now (stopped with the run)."""
+    from agentrl.engines.launcher import start_engine
+
+    m, r = cfg.model, cfg.rollout
+    log = run_dir / f"engine-rank{ranks.rank}.log" if run_dir is not None else None
+    engine, server = start_engine(
+        m.engine, name, url=m.engine_url, python=m.engine_python, seed=cfg.run.seed + ranks.rank,
+        log_path=log, startup_timeout_s=m.engine_startup_s, timeout_s=max(300.0, r.episode_timeout_s),
+    )  # fmt: skip
+    return engine, server
 
 
 def _connect_session_server(
