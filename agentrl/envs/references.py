@@ -8,7 +8,8 @@ What ``--env`` (and ``make``/``spec``) accept:
   is put on ``sys.path`` first, so a module next to you imports without ``PYTHONPATH``;
 - ``path/to/file.py:MyEnv`` (a path ending in ``.py`` or containing a ``/``, relative to the
   current directory): the file is loaded as a module of its own, named after its absolute path
-  (``agentrl_envfile_<hash>_<stem>``), so loading it again in this process reuses it.
+  (``agentrl_envfile_<hash>_<stem>``), so loading it again in this process reuses it; a file
+  this process imported already as a module (``--import``) is reused, not run a second time.
 
 The class must be an :class:`~agentrl.envs.Env` subclass. If the module registered that class
 under exactly one id (``examples/reverse_env.py`` registers ``reverse-v0``), the reference
@@ -147,6 +148,10 @@ def _load_file(ref: str, where: str) -> types.ModuleType:
     name = f"{FILE_MODULE_PREFIX}{digest}_{re.sub(r'[^0-9A-Za-z_]', '_', full.stem)}"
     if name in sys.modules:
         return sys.modules[name]
+    for module in list(sys.modules.values()):  # imported already (--import, PYTHONPATH): not run twice
+        file = getattr(module, "__file__", None)
+        if file and file.endswith(full.name) and Path(file).resolve() == full:
+            return module
     spec = importlib.util.spec_from_file_location(name, full)
     if spec is None or spec.loader is None:
         raise EnvReferenceError(f"env {ref!r}: {where!r} cannot be loaded as a Python module")
@@ -173,7 +178,12 @@ def _find_class(ref: str, module: types.ModuleType, attr: str) -> type[Env]:
             f"env {ref!r}: {_where(module)} has no attribute {attr!r}{hint} ({_listing(envs)})"
         ) from None
     if not (isinstance(obj, type) and issubclass(obj, Env)):
-        kind = f"class {obj.__name__!r}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+        what = type(obj).__name__
+        kind = (
+            f"class {obj.__name__!r}"
+            if isinstance(obj, type)
+            else f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
+        )
         raise EnvReferenceError(
             f"env {ref!r}: {attr!r} in {_where(module)} is {kind}, not a subclass of agentrl.envs.Env "
             f"({_listing(_env_classes(module))})"
