@@ -233,4 +233,4 @@ def _short(path: str) -> str:
 
 
 def _slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9_]", "_", name.lower()) or "env"
+    return re.sub(r"[^a-z0-9_]", "_", name.lower()).strip("_") or "env"  # ids start alphanumeric
