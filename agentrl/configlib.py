@@ -8,7 +8,9 @@ what the sections mean (``agentrl/trainer/config.py`` defines the run's); it pro
   :mod:`ast` (dataclasses keep no per-field docs; the source is the one place they live);
 - :func:`add_cli_flags`: one ``--flag-name`` per field, grouped by section, defaulting to
   "not given" (``argparse.SUPPRESS``) so that flags can be layered over a file; a ``Literal``
-  becomes ``choices``, a ``bool`` a ``--x/--no-x`` pair, a ``dict`` a JSON argument;
+  becomes ``choices``, a ``bool`` a ``--x/--no-x`` pair, a ``dict`` a JSON argument, a
+  ``list[str]`` a repeatable flag; a field's ``metadata`` may name its flag and metavar
+  (``field(..., metadata={"flag": "--import", "metavar": "MODULE"})``, see :func:`flag_name`);
 - :func:`flag_values`: the ``{section: {key: value}}`` the user gave on the command line;
 - :func:`load_toml` / :func:`to_toml`: ``[section]`` tables, unknown tables and keys being
   errors with a did-you-mean; TOML has no null, so an unset (``None``) optional field is
@@ -46,6 +48,7 @@ __all__ = [
     "coerce",
     "field_help",
     "field_types",
+    "flag_name",
     "flag_values",
     "load_toml",
     "to_toml",
@@ -101,6 +104,8 @@ def base_type(tp: Any) -> tuple[Any, tuple[Any, ...] | None]:
         return str, tuple(choices) or None
     if origin is dict or tp is dict:
         return dict, None
+    if origin is list or tp is list:
+        return list, None
     return tp, None
 
 
@@ -120,6 +125,10 @@ def coerce(section: str, name: str, tp: Any, value: Any) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a table / JSON object, got {value!r}")
         return value
+    if base is list:
+        if not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+        return list(value)
     if base is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
@@ -210,8 +219,9 @@ def _toml_value(v: Any) -> str:
 # ---------------------------------------------------------------- CLI
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def flag_name(f: dataclasses.Field[Any]) -> str:
+    """The command-line flag of field ``f``: ``metadata["flag"]``, else ``--`` + its name with dashes."""
+    return str(f.metadata.get("flag") or "--" + f.name.replace("_", "-"))
 
 
 def add_cli_flags(
@@ -245,12 +255,16 @@ def add_cli_flags(
                 kw["action"] = argparse.BooleanOptionalAction
             elif base is dict:
                 kw["metavar"] = "JSON"
+            elif base is list:
+                kw["action"] = "append"
+                kw["metavar"] = f.metadata.get("metavar", f.name.upper())
+                kw["help"] += "; repeatable"
             else:
                 kw["type"] = base
                 kw["metavar"] = "{" + ",".join(map(str, choices)) + "}" if choices else f.name.upper()
                 if choices:
                     kw["choices"] = choices
-            group.add_argument(_flag(f.name), **kw)
+            group.add_argument(flag_name(f), **kw)
 
 
 def flag_values(args: argparse.Namespace, sections: Sections) -> dict[str, dict[str, Any]]:

@@ -24,6 +24,8 @@ class Box:
     """optional name; unset = none"""
     extra: dict[str, Any] = field(default_factory=dict)
     """anything else"""
+    tags: list[str] = field(default_factory=list, metadata={"flag": "--tag", "metavar": "TAG"})
+    """labels"""
 
 
 SECTIONS = (("box", Box),)
@@ -59,3 +61,17 @@ def test_toml_round_trip_keeps_an_unset_optional_unset(tmp_path):
 def test_bad_values_name_section_and_key(values, match):
     with pytest.raises(ConfigError, match=match):
         configlib.build_sections(SECTIONS, values)
+
+
+def test_a_list_field_is_a_repeatable_flag_under_its_own_name(tmp_path):
+    p = argparse.ArgumentParser()
+    configlib.add_cli_flags(p, SECTIONS)
+    assert "--tag TAG" in p.format_help() and "labels (default: []); repeatable" in p.format_help()
+    given = configlib.flag_values(p.parse_args(["--tag", "a", "--tag", "b"]), SECTIONS)
+    (box,) = configlib.build_sections(SECTIONS, given).values()
+    assert box.tags == ["a", "b"]
+    path = tmp_path / "box.toml"
+    path.write_text(configlib.to_toml({"box": box.__dict__}))
+    assert configlib.build_sections(SECTIONS, configlib.load_toml(path, SECTIONS))["box"] == box
+    with pytest.raises(ConfigError, match=r"box\.tags: expected a list of strings, got \[1\]"):
+        configlib.build_sections(SECTIONS, {"box": {"tags": [1]}})

@@ -5,6 +5,7 @@ Public API::
     Env, ToolEnv, StepResult, tool, Rubric      # write an environment
     GymnasiumTextEnv                            # play a discrete-action gymnasium env in text
     register, make, spec, list_envs, EnvSpec    # the registry (ids like "countdown-v0")
+    resolve_env, import_modules                 # "module:Class" / "file.py:Class" / --import MODULE
     check_env, CheckReport                      # the conformance checker
     RemoteEnv                                   # an episode on an env server, used like a local Env
 
@@ -26,6 +27,7 @@ from agentrl.envs.errors import (
     EnvDefinitionError,
     EnvError,
     EnvInfraError,
+    EnvReferenceError,
     EnvServerError,
     EnvTimeoutError,
     EpisodeDoneError,
@@ -39,6 +41,7 @@ from agentrl.envs.errors import (
     UnknownEnvError,
 )
 from agentrl.envs.gym_bridge import GymnasiumTextEnv
+from agentrl.envs.references import import_modules, resolve_env
 from agentrl.envs.registry import EnvSpec, list_envs, load_errors, load_plugins, make, register, spec
 from agentrl.envs.rubric import Rubric
 from agentrl.envs.tools import Tool, ToolEnv, tool, tool_spec
@@ -52,6 +55,7 @@ __all__ = [
     "EnvDefinitionError",
     "EnvError",
     "EnvInfraError",
+    "EnvReferenceError",
     "EnvServerError",
     "EnvSpec",
     "EnvTimeoutError",
@@ -73,11 +77,13 @@ __all__ = [
     "ToolError",
     "UnknownEnvError",
     "check_env",
+    "import_modules",
     "list_envs",
     "load_errors",
     "load_plugins",
     "make",
     "register",
+    "resolve_env",
     "spec",
     "tool",
     "tool_spec",

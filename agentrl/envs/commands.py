@@ -21,22 +21,11 @@ def _envs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_modules(modules: list[str]) -> None:
-    import importlib
-
-    from agentrl.errors import ConfigError
-
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise ConfigError(f"--import {module}: {e}; is it on PYTHONPATH?") from e
-
-
 def _check_env(args: argparse.Namespace) -> int:
-    _import_modules(args.imports)
-    from agentrl.envs import EnvCheckError, list_envs, spec
+    from agentrl.envs import EnvCheckError, import_modules, list_envs, spec
     from agentrl.envs.checker import check_env
+
+    import_modules(args.imports)
 
     ids = [s.id for s in list_envs()] if args.env == "all" else [spec(args.env).id]
     failed = 0
@@ -55,10 +44,11 @@ def _check_env(args: argparse.Namespace) -> int:
 
 
 def _serve_env(args: argparse.Namespace) -> int:
-    _import_modules(args.imports)
+    from agentrl.envs import import_modules
     from agentrl.envs.server import serve
     from agentrl.envs.server_config import ServerConfig
 
+    import_modules(args.imports)
     config = ServerConfig(
         env_ids=args.env,
         max_episodes=args.max_episodes,
@@ -79,13 +69,17 @@ def _add_import(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE first (it registers your envs); repeatable",
+        help="import MODULE first (it registers your envs; the current directory is on sys.path); repeatable",
     )
 
 
 def _add_check_env(sub: Any) -> None:
-    p = sub.add_parser("check-env", help="run the env conformance checker on one env id or 'all'")
-    p.add_argument("env", metavar="ID|all", help="an env id such as countdown-v0, or 'all'")
+    p = sub.add_parser("check-env", help="run the env conformance checker on one env or 'all'")
+    p.add_argument(
+        "env",
+        metavar="ENV|all",
+        help="an env id such as countdown-v0, module:Class, path/to/file.py:Class, or 'all'",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the checked episodes (default 0)")
     p.add_argument(
         "--skip",
@@ -104,7 +98,11 @@ def _add_serve_env(sub: Any) -> None:
     d = ServerConfig(env_ids=["x"])  # the defaults, shown in --help
     p = sub.add_parser("serve-env", help="serve environments over HTTP (FastAPI + uvicorn)")
     p.add_argument(
-        "--env", action="append", required=True, metavar="ID", help="env id to serve; repeat to serve several"
+        "--env",
+        action="append",
+        required=True,
+        metavar="ENV",
+        help="env to serve: an id, module:Class or path/to/file.py:Class; repeat to serve several",
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8100, help="port (default 8100; 0 picks a free one)")

@@ -6,6 +6,8 @@
     └── EnvError
         ├── UnknownEnvError (KeyError)       no env registered under that id (message has a did-you-mean)
         ├── RegistrationError (ValueError)   a bad id or entry point passed to ``register``
+        ├── EnvReferenceError (ImportError)  ``module:Class`` / ``file.py:Class`` / ``--import MODULE`` cannot
+        │                                    be loaded: file missing, import failed, no such Env class
         ├── EnvDefinitionError (ValueError)  an env is built from unusable parts (an empty ``Rubric``, a
         │                                    Gymnasium env without a Discrete action space)
         ├── EnvContractError                 an env broke the contract at run time (bad return type, NaN reward)
@@ -39,6 +41,7 @@ __all__ = [
     "EnvDefinitionError",
     "EnvError",
     "EnvInfraError",
+    "EnvReferenceError",
     "EnvServerError",
     "EnvTimeoutError",
     "EpisodeDoneError",
@@ -66,6 +69,12 @@ class UnknownEnvError(EnvError, KeyError):
 
 class RegistrationError(EnvError, ValueError):
     """``register`` got a malformed id, a clashing id or an unusable entry point."""
+
+
+class EnvReferenceError(EnvError, ImportError):
+    """An env reference (``module:Class``, ``path/to/file.py:Class``) or an ``--import MODULE`` could not
+    be loaded: the file is missing, the import raised (the message names the exception), the class is
+    not there (the message lists the module's Env subclasses) or is not an Env subclass."""
 
 
 class EnvDefinitionError(EnvError, ValueError):

@@ -17,6 +17,10 @@ Where ids come from, loaded once on first use of the registry:
 
 A package that fails to import does not break the registry; its error is kept
 and shown when an id cannot be found.
+
+``make``/``spec`` also take a class reference, ``module:Class`` or
+``path/to/file.py:Class``: :mod:`agentrl.envs.references` imports it and registers
+it on the fly (once per process), so an env class needs no packaging to be trained.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import gymnasium
 
 from agentrl.envs.core import Env
 from agentrl.envs.errors import RegistrationError, UnknownEnvError
+from agentrl.envs.references import is_reference, resolve_env
 
 __all__ = ["EnvSpec", "list_envs", "load_plugins", "make", "register", "spec"]
 
@@ -198,6 +203,8 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint) -> None:
 
 def _resolve(id: str) -> EnvSpec:
     load_plugins()
+    if is_reference(id):  # module:Class or path/to/file.py:Class, registered on first use
+        return _registry[resolve_env(id)]
     if id.startswith(GYMNASIUM_NAMESPACE + "/"):
         id = id[len(GYMNASIUM_NAMESPACE) + 1 :]
     found = _registry.get(id)
@@ -223,13 +230,16 @@ def _unknown_message(id: str) -> str:
     msg = f"unknown env {id!r}"
     msg += f"; did you mean {close[0]!r}?" if close else "; no similar id is registered"
     msg += " (agentrl envs lists all)"
+    if id.endswith(".py") or "/" in id or "." in id:
+        msg += "; a class of your own is named module:Class or path/to/file.py:Class"
     if _load_errors:
         msg += ". These plugins failed to load: " + "; ".join(f"{k}: {v}" for k, v in _load_errors.items())
     return msg
 
 
 def spec(id: str) -> EnvSpec:
-    """The :class:`EnvSpec` registered under ``id`` (or the latest version of a bare name)."""
+    """The :class:`EnvSpec` registered under ``id`` (or the latest version of a bare name, or the
+    class a ``module:Class`` / ``path/to/file.py:Class`` reference names, registered now)."""
     return _resolve(id)
 
 

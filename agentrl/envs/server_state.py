@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from agentrl.envs.core import Env, coerce_action
 from agentrl.envs.errors import InvalidActionError, UnknownEnvError
+from agentrl.envs.references import is_reference
 from agentrl.envs.registry import EnvSpec, make, spec
 from agentrl.envs.server_config import ServerConfig
 from agentrl.envs.server_wire import CreateEpisode, EnvHTTPError, ResetRequest, StepRequest
@@ -80,9 +81,13 @@ class ServerState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.served: dict[str, EnvSpec] = {}
+        # module:Class / file.py:Class as configured -> its id: the only references a client may name
+        self.references: dict[str, str] = {}
         for env_id in config.env_ids:
             s = spec(env_id)  # UnknownEnvError with a did-you-mean, before any serving starts
             self.served[s.id] = s
+            if is_reference(env_id):
+                self.references[env_id] = s.id
         self.episodes: dict[str, Episode] = {}
         self.closed_ids: deque[str] = deque(maxlen=100_000)
         self.closed_set: set[str] = set()
@@ -130,6 +135,14 @@ class ServerState:
     def _resolve(self, env_id: str) -> str:
         if env_id in self.served:
             return env_id
+        if is_reference(env_id):  # never import what a client names: only the configured references
+            if env_id in self.references:
+                return self.references[env_id]
+            raise EnvHTTPError(
+                404,
+                f"env {env_id!r} is not served here (a class reference is served only when the server "
+                f"is started with it); this server serves {sorted(self.served)}",
+            )
         try:
             resolved = spec(env_id).id
         except UnknownEnvError as e:

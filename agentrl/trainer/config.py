@@ -18,10 +18,13 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl import configlib
 from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentrl.envs import EnvSpec
 
 __all__ = [
     "AlgoConfig",
@@ -96,7 +99,9 @@ class RolloutConfig:
     """Where episodes come from and how they are sampled."""
 
     env: str = "countdown"
-    """environment name (see `agentrl envs`)"""
+    """environment: a registered name (see `agentrl envs`), module:Class, or path/to/file.py:Class (registered on the fly)"""
+    imports: list[str] = field(default_factory=list, metadata={"flag": "--import", "metavar": "MODULE"})
+    """modules imported before the env is looked up, e.g. ones that register envs (the current directory is on sys.path, as with python -m)"""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """keyword arguments for the env constructor (JSON object); empty = the env's demo preset (registered with the env), if any"""
     env_url: str = ""
@@ -428,7 +433,12 @@ def add_cli_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | N
 def resolve(
     args: argparse.Namespace | None = None, *, toml: str | Path | None = None, **overrides: Any
 ) -> TrainConfig:
-    """Defaults < the env's demo preset < TOML file < CLI flags < ``overrides`` (``section.key`` or bare keys)."""
+    """Defaults < the env's demo preset < TOML file < CLI flags < ``overrides`` (``section.key`` or bare keys).
+
+    ``rollout.imports`` are imported and a ``module:Class`` / ``file.py:Class`` env is registered here
+    (:func:`agentrl.envs.resolve_env`), so a missing file, a failed import or a missing class fails
+    now, before any model loads; ``rollout.env`` keeps the reference as given (config.toml, resume).
+    """
     values: dict[str, dict[str, Any]] = {sec: {} for sec, _ in SECTIONS}
     path = toml if toml is not None else getattr(args, "config", None) if args is not None else None
     if path:
@@ -445,30 +455,43 @@ def resolve(
                 raise configlib.unknown_key(key, sorted(owner), "overrides")
             sec, name = owner[key], key
         values[sec][name] = v
-    _apply_preset(values)
+    _apply_preset(values, _find_env(values))
     return TrainConfig(**configlib.build_sections(SECTIONS, values))
 
 
-def _apply_preset(values: dict[str, dict[str, Any]]) -> None:
+def _find_env(values: dict[str, dict[str, Any]]) -> EnvSpec | None:
+    """Import ``rollout.imports``, then the spec of ``rollout.env`` (a class reference is registered now).
+
+    A bad import or class reference fails here, before any model loads. None when this process
+    cannot know the env: an id it does not know (``make_env_factory`` names a local typo), or a
+    class reference given with ``--env-url`` (the env server resolves it itself).
+    """
+    from agentrl.envs import spec
+    from agentrl.envs.errors import UnknownEnvError
+    from agentrl.envs.references import import_modules, is_reference
+
+    rollout = values["rollout"]
+    imports = rollout.get("imports", [])
+    if isinstance(imports, list) and all(isinstance(m, str) for m in imports):
+        import_modules(imports)  # else build_sections reports the type error
+    env = rollout.get("env", RolloutConfig.env)
+    if not isinstance(env, str) or (is_reference(env) and rollout.get("env_url")):
+        return None  # (a wrong type: build_sections reports it)
+    try:
+        return spec(env)  # countdown and countdown-v0 alike
+    except UnknownEnvError:
+        return None
+
+
+def _apply_preset(values: dict[str, dict[str, Any]], found: EnvSpec | None) -> None:
     """Fill the keys the user left out from the env's registered ``demo_preset`` (only without env_kwargs).
 
     The preset is the difficulty and run length at which the default tiny model, from random
     weights, learns the task within the few-minute CPU demo; an explicit ``--env-kwargs``
     (any JSON object) turns the whole preset off. An env this process does not know (e.g.
-    one served at ``--env-url`` only) has no preset; ``make_env_factory`` names a local typo.
+    one served at ``--env-url`` only) has no preset.
     """
-    from agentrl.envs import spec
-    from agentrl.envs.errors import UnknownEnvError
-
-    rollout = values["rollout"]
-    if rollout.get("env_kwargs"):
-        return
-    env = rollout.get("env", RolloutConfig.env)
-    if not isinstance(env, str):
-        return  # build_sections reports the type error
-    try:
-        found = spec(env)  # countdown and countdown-v0 alike
-    except UnknownEnvError:
+    if found is None or values["rollout"].get("env_kwargs"):
         return
     sections = dict(SECTIONS)
     for sec, table in found.demo_preset.items():

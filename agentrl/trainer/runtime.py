@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,7 +105,8 @@ def resolve_run_dir(cfg: TrainConfig) -> Path:
     if cfg.run.run_dir:
         return Path(cfg.run.run_dir)
     home = Path(os.environ.get("AGENTRL_HOME", Path.home() / ".cache" / "agentrl"))
-    return home / "runs" / f"{cfg.rollout.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = re.sub(r"[^\w.-]", "_", cfg.rollout.env.rpartition(":")[2])  # file.py:Class -> Class
+    return home / "runs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def start_run_dir(cfg: TrainConfig, ranks: Ranks | None = None) -> Path:
@@ -118,7 +120,11 @@ def start_run_dir(cfg: TrainConfig, ranks: Ranks | None = None) -> Path:
 
 
 def make_env_factory(cfg: TrainConfig) -> Callable[[], Env]:
-    """A zero-argument constructor of fresh envs (local, or a RemoteEnv on ``env_url``); checked once now."""
+    """A zero-argument constructor of fresh envs (local, or a RemoteEnv on ``env_url``); checked once now.
+
+    Locally, ``rollout.imports`` are imported and ``rollout.env`` (an id or a ``module:Class`` /
+    ``file.py:Class`` reference) is resolved to its registered id once, here.
+    """
     r = cfg.rollout
     if r.env_url:
         from agentrl.envs import RemoteEnv
@@ -129,12 +135,15 @@ def make_env_factory(cfg: TrainConfig) -> Callable[[], Env]:
             )
 
         return remote
-    from agentrl.envs import make
+    from agentrl.envs import import_modules, make, resolve_env
+
+    import_modules(r.imports)
+    env_id = resolve_env(r.env)  # an unknown id or a bad class reference fails here, before the model loads
 
     def local() -> Env:
-        return make(r.env, **r.env_kwargs)
+        return make(env_id, **r.env_kwargs)
 
-    try:  # unknown env name / bad kwargs fail here, before the model loads
+    try:  # bad kwargs fail here, before the model loads
         env = local()
     except AgentRLError:
         raise

@@ -123,3 +123,28 @@ def test_example_env_checked_served_and_driven_over_raw_http() -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_check_env_takes_module_and_file_references_without_pythonpath(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = Path(sys.executable).with_name("agentrl")  # not `python -m`, which adds the cwd itself
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "agentrl.cli"]
+    check = subprocess.run(
+        [*cmd, "check-env", "reverse_env:ReverseEnv"],
+        cwd=EXAMPLES,  # the module imports from the current directory
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert check.returncode == 0 and check.stdout.startswith("ok   reverse-v0: 11 checks passed"), check
+    monkeypatch.chdir(ROOT)
+    assert main(["check-env", "examples/reverse_env.py:ReverseEnv"]) == 0
+    assert capsys.readouterr().out.startswith("ok   reverse-v0: 11 checks passed")
+    assert main(["check-env", "examples/reverse_env.py:ReversEnv"]) == 1
+    assert capsys.readouterr().err == (
+        "agentrl check-env: error: env 'examples/reverse_env.py:ReversEnv': 'examples/reverse_env.py' has no "
+        "attribute 'ReversEnv'; did you mean 'ReverseEnv'? (Env subclasses there: ReverseEnv)\n"
+    )

@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 
+from agentrl import configlib
+from agentrl.envs import EnvReferenceError
 from agentrl.errors import ConfigError
 from agentrl.trainer import config as C
 
@@ -24,7 +26,7 @@ def test_every_field_has_a_flag_and_help():
     for _, cls in C.SECTIONS:
         helps = C.field_help(cls)
         for f in C.fields(cls):
-            assert "--" + f.name.replace("_", "-") in text
+            assert configlib.flag_name(f) in text
             assert helps.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
 
 
@@ -164,3 +166,66 @@ def test_max_turns_is_unset_by_default_and_round_trips(tmp_path):
         path = tmp_path / "config.toml"
         path.write_text(C.to_toml(cfg))
         assert C.resolve(toml=path) == cfg
+
+
+ENV_FILE = """
+from agentrl.envs import Env, StepResult, register
+from agentrl.types import Message
+
+
+class EchoEnv(Env):
+    def _reset(self, options):
+        return [Message(role="user", content="echo")], {{}}
+
+    def _step(self, action):
+        return StepResult([], 1.0, True)
+
+    def oracle_action(self):
+        return Message(role="assistant", content="echo")
+
+
+register("cfgecho{n}-v0", EchoEnv, demo_preset={{"run": {{"steps": 3}}}})
+"""
+
+
+@pytest.fixture
+def env_dir(tmp_path, monkeypatch):
+    """A current directory holding ``my_envs/echo.py`` (it registers cfgechoN-v0 with a demo preset)."""
+    (tmp_path / "my_envs").mkdir()
+    n = len(list(tmp_path.parent.iterdir()))  # a fresh id per test: each loads its own file
+    (tmp_path / "my_envs" / "echo.py").write_text(ENV_FILE.format(n=n))
+    (tmp_path / "helper_mod.py").write_text("LOADED = True\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    return tmp_path
+
+
+def test_env_file_reference_and_imports_resolve_and_round_trip(env_dir):
+    import sys
+
+    cfg = _parse(["--env", "my_envs/echo.py:EchoEnv", "--import", "helper_mod", "--import", "json"])
+    assert cfg.rollout.env == "my_envs/echo.py:EchoEnv"  # what the user typed, for config.toml and resume
+    assert cfg.rollout.imports == ["helper_mod", "json"]
+    assert "helper_mod" in sys.modules  # imported from the current directory during resolve
+    assert cfg.run.steps == 3  # the file registered the class with a demo preset: it applies
+    path = env_dir / "config.toml"
+    path.write_text(C.to_toml(cfg))
+    assert 'env = "my_envs/echo.py:EchoEnv"' in path.read_text()
+    assert 'imports = ["helper_mod", "json"]' in path.read_text()
+    assert C.resolve(toml=path) == cfg
+
+
+def test_a_bad_env_reference_or_import_fails_in_resolve(env_dir):
+    with pytest.raises(
+        EnvReferenceError, match=r"file 'my_envs/ecko.py' does not exist.*did you mean 'my_envs/echo.py'"
+    ):
+        C.resolve(env="my_envs/ecko.py:EchoEnv")
+    with pytest.raises(EnvReferenceError, match=r"has no attribute 'Echo'; did you mean 'EchoEnv'"):
+        C.resolve(env="my_envs/echo.py:Echo")
+    with pytest.raises(EnvReferenceError, match=r"^--import nope_xyz: No module named 'nope_xyz'"):
+        _parse(["--import", "nope_xyz"])
+    with pytest.raises(ConfigError, match=r"rollout\.imports: expected a list of strings, got 'json'"):
+        C.resolve(imports="json")
+    # on an env server the reference is the server's to resolve: nothing is loaded here
+    remote = C.resolve(env="not/here.py:Env1", env_url="http://127.0.0.1:1")
+    assert remote.rollout.env == "not/here.py:Env1"

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -146,3 +150,61 @@ def test_calculator_preset_trains_multi_turn_and_logs_assistant_turns(tmp_path):
     assert all(1 <= r["eval/turns"] <= limit for r in evals)
     train_rows = [r for r in rows if r["kind"] == "train"]
     assert train_rows and train_rows[0]["rollout/episodes_ok"] == cfg.batch_size
+
+
+ROOT = Path(__file__).resolve().parents[2]
+REVERSE = "examples/reverse_env.py:ReverseEnv"
+TINY_RUN = [
+    "--model", "tiny-qwen3", "--group-size", "2", "--tasks-per-step", "2", "--max-new-tokens", "6",
+    "--eval-episodes", "2", "--eval-every", "0", "--sft-steps", "2", "--sft-batch-size", "4",
+    "--no-progress", "--no-tensorboard",
+]  # fmt: skip
+
+
+def _agentrl() -> list[str]:
+    """The installed console script (no ``python -m``, which would put the cwd on sys.path itself)."""
+    script = Path(sys.executable).with_name("agentrl")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "agentrl.cli"]
+
+
+@pytest.mark.slow
+def test_train_an_env_class_straight_from_its_file_then_resume(tmp_path, capsys, monkeypatch):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = tmp_path / "a"
+    cmd = [*_agentrl(), "train", "--env", REVERSE, *TINY_RUN, "--steps", "1", "--run-dir", str(run)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert any(r["kind"] == "train" for r in read_jsonl(run / "metrics.jsonl"))
+    assert f'env = "{REVERSE}"' in (run / "config.toml").read_text()  # what was typed, not an id
+    monkeypatch.chdir(ROOT)  # the saved config resumes the run
+    resume = ["--resume", str(run / "checkpoints" / "step-1"), "--run-dir", str(tmp_path / "b")]
+    rc, _, err = _cli(capsys, "train", "--config", str(run / "config.toml"), "--steps", "2", *resume)
+    assert rc == 0, err
+    assert [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if r["kind"] == "train"] == [2]
+
+
+def test_eval_and_sft_take_an_env_file_reference(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    rc, out, err = _cli(capsys, "eval", "--env", REVERSE, *TINY_RUN, "--eval-episodes", "2")
+    assert rc == 0, err
+    assert f"tiny-qwen3 on '{REVERSE}', 2 held-out seeds" in out
+    rc, out, err = _cli(
+        capsys, "sft", "--env", REVERSE, *TINY_RUN, "--sft-steps", "1", "--run-dir", str(tmp_path)
+    )
+    assert rc == 0, err
+    assert f"oracle episodes of '{REVERSE}'" in out and (tmp_path / "model").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("cmd", "env", "needle"),
+    [
+        ("train", "examples/revers_env.py:ReverseEnv", "did you mean 'examples/reverse_env.py'?"),
+        ("eval", "examples/reverse_env.py:Reverse", "did you mean 'ReverseEnv'?"),
+        ("sft", "reverse_env", "unknown env 'reverse_env'"),
+    ],
+)
+def test_a_bad_env_reference_fails_before_any_model_loads(cmd, env, needle, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    rc, _, err = _cli(capsys, cmd, "--env", env, "--run-dir", str(tmp_path / "r"))
+    assert rc == 1 and needle in err and "Traceback" not in err
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
