@@ -23,8 +23,15 @@ def register(sub: Any) -> None:
     p.add_argument("--model", required=True, help="agentrl model name (e.g. tiny), hub id or local directory")
     p.add_argument(
         "--engine",
-        default=None,
-        help="URL of a running SGLang-compatible engine (default: embedded HF engine)",
+        default="hf",
+        help="hf (embedded, default), vllm (a vLLM server started here, or at --engine-url) or sglang "
+        "(--engine-url; a URL here means sglang at that URL, as before)",
+    )
+    p.add_argument(
+        "--engine-url", default="", help="URL of an engine server already running (of --engine's kind)"
+    )
+    p.add_argument(
+        "--engine-python", default="", help="interpreter of the vLLM environment (default: .venv-vllm)"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8100, help="port to bind (default 8100; 0 picks a free one)")
@@ -38,28 +45,41 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_serve)
 
 
-def build_manager(model: str, engine_url: str | None = None, family: str | None = None) -> Any:
-    """A SessionManager for ``model`` over the embedded engine, or the engine at ``engine_url``."""
+def build_manager(
+    model: str, engine_url: str | None = None, family: str | None = None, *, engine_kind: str = "",
+    engine_python: str = "",
+) -> tuple[Any, Any]:  # fmt: skip
+    """A SessionManager for ``model`` and the engine server started for it (or None).
+
+    The engine: embedded (``hf``), or ``vllm``/``sglang`` at ``engine_url`` or started here
+    (vLLM from its own environment). A bare ``engine_url`` means SGLang's API at that URL.
+    """
     from agentrl.models import load_tokenizer
     from agentrl.session.manager import SessionManager
 
+    kind = engine_kind or ("sglang" if engine_url else "hf")
+    if kind not in ("hf", "vllm", "sglang"):
+        raise ConfigError(f"--engine {kind!r} is not an engine; use hf, vllm or sglang")
+    if kind == "hf" and engine_url:
+        raise ConfigError(
+            f"--engine-url {engine_url!r} with --engine hf: say which server it is (vllm or sglang)"
+        )
     tokenizer = load_tokenizer(model)
     engine: Any
-    if engine_url:
-        try:
-            from agentrl.engines import SGLangEngine
-        except ImportError as e:
-            raise ConfigError(
-                f"--engine {engine_url!r} needs agentrl.engines.SGLangEngine, which is not available: {e}"
-            ) from e
-        engine = SGLangEngine(engine_url)
-    else:
+    server = None
+    if kind == "hf":
         from agentrl.engines import HFEngine
 
         engine = HFEngine(model)
+    else:
+        from agentrl.engines.launcher import start_engine
+
+        engine, server = start_engine(kind, model, url=engine_url or "", python=engine_python)
     try:
-        return SessionManager(tokenizer, engine, family, model_name=model)
+        return SessionManager(tokenizer, engine, family, model_name=model), server
     except ValueError as e:
+        if server is not None:
+            server.stop()
         raise ConfigError(str(e)) from e
 
 
@@ -72,12 +92,21 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    manager = build_manager(args.model, args.engine, args.family)
+    kind, url = args.engine, args.engine_url
+    if kind.startswith(("http://", "https://")):  # the former `--engine URL`: an SGLang-compatible server
+        kind, url = "sglang", kind
+    manager, server = build_manager(
+        args.model, url, args.family, engine_kind=kind, engine_python=args.engine_python
+    )
     app = create_app(manager, default_max_tokens=args.max_tokens, audit=args.audit)
     print(
         f"agentrl serve-session: model {args.model} (family {manager.family.name}) on "
         f"http://{args.host}:{args.port}; POST /sessions, then use /sessions/{{id}}/v1 as an OpenAI base_url",
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        if server is not None:
+            server.stop()
     return 0
