@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 # where extra intra-op threads only contend (measured: decode steps 10-20 ms at 1 thread, 150-300 ms at 2).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 scripts/system-deps.sh
+# vLLM's own environment (.venv-vllm): the real-vLLM tests (marker `vllm`) need it, and fail rather than skip here.
 scripts/setup.sh --dev --vllm
+export AGENTRL_REQUIRE_VLLM="${AGENTRL_REQUIRE_VLLM:-1}"
 # Gates before the tests (seconds; any finding fails the run): lint, formatting, types.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

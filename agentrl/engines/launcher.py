@@ -207,6 +207,10 @@ def vllm_command(python: str, model_path: str, *, host: str = "127.0.0.1", port:
             "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--logprobs-mode", "processed_logprobs", "--tokens-only", "--disable-log-stats",
             "--worker-extension-cls", "agentrl_vllm_worker.WorkerExtension",
+            # whole prompts only: vLLM rewinds a seeded request's generator when it discards the token of a
+            # partial (chunked) prefill, which its CPU generators cannot do (RuntimeError: CPU Generator does
+            # not use offset), and the engine core dies; every agentrl request carries a seed
+            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, max_model_len)),
             *(["--enforce-eager"] if not _cuda() else []), *extra_args]  # fmt: skip
 
 

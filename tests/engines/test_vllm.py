@@ -8,6 +8,7 @@ a missing vLLM is a failure.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -227,3 +228,23 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def test_train_countdown_on_vllm_learns(tmp_path: Path) -> None:
+    """`agentrl train --env countdown --engine vllm` (shortened): the eval reward rises, the server is gone after."""
+    if _vllm_python() is None:
+        pytest.skip("vLLM is not set up (scripts/setup.sh --vllm)")
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", "countdown", "--engine", "vllm",
+           "--steps", "20", "--run-dir", str(run), "--no-progress", "--no-tensorboard"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    start, end = summary["eval_start"], summary["eval_end"]
+    assert end > start, f"eval reward did not rise on vLLM: {start} -> {end}"
+    assert (run / "engine-rank0.log").stat().st_size > 0
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    mismatch = [m["train/mismatch_abs_logp"] for m in metrics if "train/mismatch_abs_logp" in m]
+    assert len(mismatch) == 20 and all(0.0 <= x < 0.05 for x in mismatch), mismatch
+    left = subprocess.run(["pgrep", "-f", f"vllm.*{resolve('tiny')}"], capture_output=True, text=True).stdout
+    assert not left.strip(), f"vLLM processes left after the run: {left}"
