@@ -126,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    rows = [r for m in args.models for r in bench_model(m, args)]
     print("| model | measure | HFEngine | vLLM (CPU) | ratio |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print("| --- | --- | ---: | ---: | ---: |", flush=True)
+    for m in args.models:
+        for r in bench_model(m, args):
+            print("| " + " | ".join(r) + " |", flush=True)
     print("\nratio: tokens/s HFEngine / vLLM (> 1: embedded faster); latencies and sync vLLM / HFEngine")
     return 0
 

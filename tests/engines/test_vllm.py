@@ -231,13 +231,13 @@ def _alive(pid: int) -> bool:
 
 
 def test_train_countdown_on_vllm_learns(tmp_path: Path) -> None:
-    """`agentrl train --env countdown --engine vllm` (shortened): the eval reward rises, the server is gone after."""
+    """`agentrl train --env countdown --engine vllm`, the README's command: the eval reward rises, the server is gone after."""
     if _vllm_python() is None:
         pytest.skip("vLLM is not set up (scripts/setup.sh --vllm)")
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", "countdown", "--engine", "vllm",
-           "--steps", "20", "--run-dir", str(run), "--no-progress", "--no-tensorboard"]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+           "--run-dir", str(run), "--no-progress", "--no-tensorboard"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     start, end = summary["eval_start"], summary["eval_end"]
@@ -245,6 +245,17 @@ def test_train_countdown_on_vllm_learns(tmp_path: Path) -> None:
     assert (run / "engine-rank0.log").stat().st_size > 0
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     mismatch = [m["train/mismatch_abs_logp"] for m in metrics if "train/mismatch_abs_logp" in m]
-    assert len(mismatch) == 20 and all(0.0 <= x < 0.05 for x in mismatch), mismatch
+    assert len(mismatch) == 50 and all(0.0 <= x < 0.05 for x in mismatch), mismatch
     left = subprocess.run(["pgrep", "-f", f"vllm.*{resolve('tiny')}"], capture_output=True, text=True).stdout
     assert not left.strip(), f"vLLM processes left after the run: {left}"
+
+
+def test_serve_session_engine_flags_reach_vllm(server: EngineServer) -> None:
+    from agentrl.errors import ConfigError
+    from agentrl.session.commands import build_manager
+
+    manager, started = build_manager("tiny", server.base_url, engine_kind="vllm")
+    assert started is None and isinstance(manager.engine, VLLMEngine)
+    assert manager.engine.base_url == server.base_url
+    with pytest.raises(ConfigError, match="say which server it is"):
+        build_manager("tiny", server.base_url, engine_kind="hf")
