@@ -5,7 +5,7 @@ requests (each request samples exactly ``--new-tokens`` tokens, EOS ignored, so 
 pure throughput ratio), the latency of a one-token request (prefill + first token: a time to
 first token without streaming), and the seconds of one weight sync on each engine's path
 (HFEngine: in-process copy of the state dict; vLLM: write safetensors + pause / reload /
-version / resume). Both engines run with one torch/OpenMP thread (``OMP_NUM_THREADS=1``,
+version / resume, and the gloo broadcast path). Both engines run with one torch/OpenMP thread (``OMP_NUM_THREADS=1``,
 as agentrl's tests and demos do on two cores). The engines alternate per concurrency level
 for ``--rounds`` rounds; the best round of each is reported. The ratio column is
 HFEngine / vLLM (> 1: the embedded engine is faster).
@@ -78,6 +78,17 @@ async def sync_s(engine: Any, model: torch.nn.Module, tmp: Path, rounds: int) ->
     return best
 
 
+def broadcast_s(engine: VLLMEngine, model: torch.nn.Module, rounds: int) -> float:
+    """Seconds of one ``BroadcastSync.push`` (64 MiB buckets over a gloo group into vLLM's worker), best round."""
+    from agentrl.trainer.weight_sync import BroadcastSync
+
+    sync = BroadcastSync(engine, timeout_s=300)
+    try:
+        return min(sync.push(model.state_dict()).seconds for _ in range(rounds))
+    finally:
+        sync.close()
+
+
 def bench_model(name: str, args: argparse.Namespace) -> list[list[str]]:
     path = resolve(name)
     model = load_model(path).float().eval()
@@ -110,6 +121,9 @@ def bench_model(name: str, args: argparse.Namespace) -> list[list[str]]:
             sync = {k: run(sync_s(e, model, Path(tmp), args.rounds)) for k, e in engines.items()}
         rows.append([name, "weight sync (s; hf in-process, vllm disk)", f"{sync['hf']:.3f}", f"{sync['vllm']:.3f}",
                      f"{sync['vllm'] / sync['hf']:.2f}x"])  # fmt: skip
+        cast = broadcast_s(vllm, model, args.rounds)
+        rows.append([name, "weight sync (s; vllm broadcast over gloo)", f"{sync['hf']:.3f}", f"{cast:.3f}",
+                     f"{cast / sync['hf']:.2f}x"])  # fmt: skip
         rows.append([name, "params; vLLM server start (s)", f"{params / 1e6:.1f}M", f"{start_s:.0f}", ""])
     finally:
         hf.close()

@@ -136,6 +136,7 @@ class VLLMEngine(HTTPEngineClient):
         self._good_path = self.model_path  # what the server holds now: the rollback target
         self._version = self._initial_version = weight_version
         self._lock = asyncio.Lock()  # one update at a time (per loop; updates come from one owner)
+        self._staged: dict[str, set[str]] = {}  # weight group -> names received since its last commit
         self.stats = {"updates": 0, "rejected_updates": 0, "rollbacks": 0}
 
     @property
@@ -144,8 +145,8 @@ class VLLMEngine(HTTPEngineClient):
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        """A safetensors path the server can read; no in-process state dict, no gloo group (not yet)."""
-        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=False)
+        """A safetensors path the server can read, or a gloo group; no in-process state dict."""
+        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=True)
 
     # ------------------------------------------------------------------ generation
 
@@ -330,8 +331,15 @@ class VLLMEngine(HTTPEngineClient):
         raise UnsupportedWeightUpdateError(
             f"{self.base_url} is a vLLM server in another process and cannot take an in-process state dict; "
             "write it with agentrl.trainer.weight_sync.save_weights_dir and call update_weights_from_path "
-            "(run.weight_sync='disk')"
+            "(run.weight_sync='disk'), or broadcast it through a gloo group (run.weight_sync='broadcast')"
         )
+
+    async def _rpc(self, method: str, what: str, deadline_s: float | None = None, **kwargs: Any) -> Any:
+        """One ``/collective_rpc`` call into agentrl's worker extension; the first worker's result."""
+        body = {"method": method, "kwargs": kwargs, "timeout": deadline_s or self.timeout_s}
+        out = await self._post_ok("/collective_rpc", body, what, timeout_s=(deadline_s or self.timeout_s) + 30)
+        results = (out or {}).get("results") or [None]
+        return results[0]
 
     async def init_weights_update_group(
         self,
@@ -343,9 +351,16 @@ class VLLMEngine(HTTPEngineClient):
         backend: str = "gloo",
         timeout_s: float = 60.0,
     ) -> None:
-        raise UnsupportedWeightUpdateError(
-            "VLLMEngine does not join torch.distributed weight groups yet; use run.weight_sync='disk'"
-        )
+        """The server's worker joins the trainer's gloo group as ``rank_offset`` (returns when joined)."""
+        if backend != "gloo":
+            raise UnsupportedWeightUpdateError(
+                f"backend {backend!r}: VLLMEngine's weight groups are gloo only so far (NCCL into vLLM's "
+                "workers is not built); use backend='gloo' or run.weight_sync='disk'"
+            )
+        await self._rpc("agentrl_join", f"joining weight group {group_name!r}", timeout_s + 10,
+                        master_address=master_address, master_port=master_port, rank=rank_offset,
+                        world_size=world_size, group_name=group_name, timeout_s=timeout_s)  # fmt: skip
+        self._staged[group_name] = set()
 
     async def update_weights_from_distributed(
         self,
@@ -357,12 +372,57 @@ class VLLMEngine(HTTPEngineClient):
         weight_version: int | str | None = None,
         timeout_s: float | None = None,
     ) -> int:
-        raise UnsupportedWeightUpdateError(
-            "VLLMEngine does not receive torch.distributed weight buckets yet; use run.weight_sync='disk'"
-        )
+        """Receive one bucket (rank 0 broadcasts it meanwhile); the last one (``flush_cache``) applies them all.
+
+        The commit is atomic like a path update: pause, one in-place reload of every staged
+        tensor, prefix cache reset, one version bump, resume. A bucket naming a tensor the
+        served model lacks (or with another shape), or a commit that leaves tensors unsent, is
+        received and then dropped: nothing changes and :class:`WeightUpdateError` is raised.
+        """
+        if group_name not in self._staged:
+            raise WeightUpdateError(f"no weight group {group_name!r}; call init_weights_update_group first")
+        deadline = timeout_s or self.timeout_s
+        bad = [f"{n}: {tuple(sh)}" for n, sh in zip(names, shapes, strict=True)
+               if n != "lm_head.weight" and self._manifest.get(n) != tuple(sh)]  # fmt: skip
+        staged = self._staged[group_name] | set(names)
+        missing = sorted(set(self._manifest) - staged) if flush_cache else []
+        kwargs = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(x) for x in shapes],
+                  "group_name": group_name, "timeout_s": deadline}  # fmt: skip
+        if bad or missing:
+            await self._rpc(
+                "agentrl_receive", "receiving a rejected bucket", deadline, commit=False, **kwargs
+            )
+            await self._rpc("agentrl_discard", "dropping the staged buckets", 60.0, group_name=group_name)
+            self._staged[group_name] = set()
+            self.stats["rejected_updates"] += 1
+            why = f"unknown tensors or shapes {bad[:5]}" if bad else f"tensors never sent {missing[:5]}"
+            raise WeightUpdateError(
+                f"weight update through {group_name!r} rejected: {why}; nothing was changed"
+            )
+        if not flush_cache:
+            await self._rpc("agentrl_receive", "receiving a weight bucket", deadline, commit=False, **kwargs)
+            self._staged[group_name] = staged
+            return self._version
+        new = self._version + 1 if weight_version is None else int(weight_version)
+        async with self._lock:
+            await self._post_ok("/pause", None, "pausing generation", params={"mode": "keep"})
+            try:
+                await self._rpc("agentrl_receive", "receiving and applying the weights", deadline,
+                                commit=True, **kwargs)  # fmt: skip
+                self._staged[group_name] = set()
+                await self.flush_cache()
+                await self._post_ok(
+                    "/update_weight_version", {"new_version": str(new)}, "setting the version"
+                )
+                self._version = new
+                self.stats["updates"] += 1
+            finally:
+                await self._post_ok("/resume", None, "resuming generation")
+        return new
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
-        raise UnsupportedWeightUpdateError("VLLMEngine joins no torch.distributed weight group")
+        self._staged.pop(group_name, None)
+        await self._rpc("agentrl_leave", f"leaving weight group {group_name!r}", 60.0, group_name=group_name)
 
     def close(self) -> None:
         """Forget the HTTP pools (they close with their loops); the server is the launcher's to stop."""

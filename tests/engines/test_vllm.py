@@ -146,6 +146,32 @@ def test_a_rejected_update_keeps_the_old_weights_and_version(engine: VLLMEngine,
     )
 
 
+def test_broadcast_sync_over_gloo_into_vllm(engine: VLLMEngine, tmp_path: Path) -> None:
+    """run.weight_sync='broadcast': buckets over a gloo group into vLLM's worker, applied at once."""
+    from agentrl.trainer.errors import WeightSyncError
+    from agentrl.trainer.weight_sync import BroadcastSync
+
+    new = _perturbed(tmp_path / "w3", seed=3)
+    sync = BroadcastSync(engine, bucket_bytes=1 << 20, timeout_s=60)  # several buckets, one commit
+    try:
+        res = sync.push(new.state_dict())
+        assert res.buckets > 1 and res.version == engine.weight_version
+        prompt, params = [7, 8, 9], SamplingParams(max_new_tokens=24, temperature=1.0, seed=5)
+        g = run_sync(engine.generate(prompt, params), timeout_s=60, what="generate")
+        assert g.weight_versions == [res.version] * len(g.output_ids)
+        diff = max(abs(a - b) for a, b in zip(_teacher_forced(new, prompt, g), g.logprobs, strict=True))
+        assert diff < 1e-4, f"tokens after a broadcast update do not score under the new weights ({diff})"
+        bad = dict(new.state_dict())
+        bad.pop(next(n for n in bad if n.endswith("mlp.down_proj.weight")))
+        with pytest.raises(WeightSyncError, match="tensors never sent"):
+            sync.push(bad)
+        assert engine.weight_version == res.version
+        again = run_sync(engine.generate(prompt, params), timeout_s=60, what="generate")
+        assert again.output_ids == g.output_ids  # the rejected push changed nothing
+    finally:
+        sync.close()
+
+
 def test_session_ledger_over_vllm_keeps_the_sampled_tokens(engine: VLLMEngine) -> None:
     """A multi-turn episode with tools through the OpenAI SDK: the trajectory holds exactly vLLM's tokens."""
     openai = pytest.importorskip("openai")
@@ -230,6 +256,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.timeout(1800)  # the whole demo: about 7 minutes on two cores, with the server's start
 def test_train_countdown_on_vllm_learns(tmp_path: Path) -> None:
     """`agentrl train --env countdown --engine vllm`, the README's command: the eval reward rises, the server is gone after."""
     if _vllm_python() is None:

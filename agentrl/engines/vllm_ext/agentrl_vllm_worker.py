@@ -17,17 +17,107 @@ from __future__ import annotations
 from typing import Any
 
 
-class WorkerExtension:
+class _Group:
+    """A weight-update group joined by this worker: the gloo process group and the buckets staged so far."""
+
+    def __init__(self, pg: Any) -> None:
+        self.pg = pg
+        self.staged: dict[str, Any] = {}
+
+
+def _join_gloo(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
+               timeout_s: float) -> Any:  # fmt: skip
+    """Rank ``rank`` of the trainer's gloo weight group.
+
+    The rendezvous and key layout are those of ``agentrl.engines.weights.init_weight_update_group``
+    (a ``tcp://`` store, the group's prefixes), written out here because this file cannot import
+    agentrl: it runs in vLLM's environment.
+    """
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world = next(
+        c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    prefixed = c10d.PrefixStore(
+        "cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store))
+    )
+    return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+
+
+def _groups(worker: Any) -> dict[str, _Group]:
+    if not hasattr(worker, "_agentrl_groups"):
+        worker._agentrl_groups = {}
+    groups: dict[str, _Group] = worker._agentrl_groups
+    return groups
+
+
+class WorkerExtensionGroups:
+    """The gloo weight path: join the trainer's group, receive buckets, commit them in one reload."""
+
+    def agentrl_join(self, master_address: str, master_port: int, rank: int, world_size: int,
+                     group_name: str, timeout_s: float) -> str:  # fmt: skip
+        groups = _groups(self)
+        if group_name in groups:
+            raise ValueError(f"already in weight group {group_name!r}; leave it first")
+        groups[group_name] = _Group(
+            _join_gloo(
+                master_address, int(master_port), int(rank), int(world_size), group_name, float(timeout_s)
+            )
+        )
+        return group_name
+
+    def agentrl_receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
+                        timeout_s: float, commit: bool) -> dict[str, Any]:  # fmt: skip
+        """Receive one bucket (broadcast from rank 0, in order); ``commit`` applies every staged tensor at once."""
+        import datetime
+
+        import torch
+
+        group = _groups(self).get(group_name)
+        if group is None:
+            raise ValueError(f"no weight group {group_name!r}; join it first")
+        for name, dt, shape in zip(names, dtypes, shapes, strict=True):
+            t = torch.empty(tuple(shape), dtype=getattr(torch, dt))
+            if not group.pg.broadcast(t, 0).wait(datetime.timedelta(seconds=float(timeout_s))):
+                raise TimeoutError(f"receiving {name!r} took longer than {timeout_s} s")
+            group.staged[name] = t
+        if not commit:
+            return {"staged": len(group.staged)}
+        tensors, group.staged = group.staged, {}
+        self.reload_weights(weights_iterator=list(tensors.items()))  # type: ignore[attr-defined]
+        return {"applied": len(tensors), "refreshed": _refresh_head(self)}
+
+    def agentrl_discard(self, group_name: str) -> int:
+        group = _groups(self).get(group_name)
+        n = len(group.staged) if group else 0
+        if group:
+            group.staged = {}
+        return n
+
+    def agentrl_leave(self, group_name: str) -> bool:
+        return _groups(self).pop(group_name, None) is not None
+
+
+def _refresh_head(worker: Any) -> list[str]:
+    """Re-process the output head, which vLLM derives from the (tied) embedding at load time."""
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+        return ["lm_head"]
+    return []
+
+
+class WorkerExtension(WorkerExtensionGroups):
     """Mixed into vLLM's worker class (``self`` is the worker: ``model_runner``, ``reload_weights``)."""
 
     def agentrl_reload(self, weights_path: str) -> dict[str, Any]:
         """Reload every weight from ``weights_path`` in place, then refresh what derives from tied tensors."""
         self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
-        model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        refreshed = []
-        head = getattr(model, "lm_head", None)
-        method = getattr(head, "quant_method", None)
-        if method is not None and hasattr(method, "process_weights_after_loading"):
-            method.process_weights_after_loading(head)
-            refreshed.append("lm_head")
-        return {"path": weights_path, "refreshed": refreshed}
+        return {"path": weights_path, "refreshed": _refresh_head(self)}
