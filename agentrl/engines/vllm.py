@@ -337,7 +337,9 @@ class VLLMEngine(HTTPEngineClient):
     async def _rpc(self, method: str, what: str, deadline_s: float | None = None, **kwargs: Any) -> Any:
         """One ``/collective_rpc`` call into agentrl's worker extension; the first worker's result."""
         body = {"method": method, "kwargs": kwargs, "timeout": deadline_s or self.timeout_s}
-        out = await self._post_ok("/collective_rpc", body, what, timeout_s=(deadline_s or self.timeout_s) + 30)
+        out = await self._post_ok(
+            "/collective_rpc", body, what, timeout_s=(deadline_s or self.timeout_s) + 30
+        )
         results = (out or {}).get("results") or [None]
         return results[0]
 
