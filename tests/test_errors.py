@@ -48,6 +48,11 @@ ALLOWED_EVERYWHERE = {
 
 # (file, enclosing function, exception): allowed in that function only, with the reason.
 ALLOWED_IN_FUNCTION = {
+    # vLLM's worker extension runs inside vLLM's environment, where agentrl is not importable; its
+    # errors travel back as /collective_rpc failures, which VLLMEngine raises as WeightUpdateError.
+    ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_join", "ValueError"),
+    ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "ValueError"),
+    ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "TimeoutError"),
     # PEP 562: a module-level __getattr__ must raise AttributeError (hasattr, import machinery).
     ("engines/__init__.py", "__getattr__", "AttributeError"),
     ("envs/__init__.py", "__getattr__", "AttributeError"),
