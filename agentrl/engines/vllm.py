@@ -19,7 +19,8 @@ Weight updates (``update_weights_from_path``) are atomic for the sampler:
 5. ``/resume``: frozen requests continue, and their later tokens carry the new version.
 
 A reload that fails after step 3 began reloads the last good weights before resuming (so no
-half-updated model ever samples) and raises :class:`WeightUpdateError`. The RL endpoints used
+half-updated model ever samples) and raises :class:`WeightUpdateError`; if that reload fails
+too, the server stays paused and this client refuses to generate (:class:`EngineUnavailableError`). The RL endpoints used
 here exist only in vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``), which
 :func:`agentrl.engines.launcher.launch_vllm_server` sets. One client owns a server's weights:
 two trainers updating one server would interleave their versions.
@@ -137,6 +138,7 @@ class VLLMEngine(HTTPEngineClient):
         self._version = self._initial_version = weight_version
         self._lock = asyncio.Lock()  # one update at a time (per loop; updates come from one owner)
         self._staged: dict[str, set[str]] = {}  # weight group -> names received since its last commit
+        self._broken: str | None = None  # why this server must not serve (set by a failed rollback)
         self.stats = {"updates": 0, "rejected_updates": 0, "rollbacks": 0}
 
     @property
@@ -153,6 +155,8 @@ class VLLMEngine(HTTPEngineClient):
     async def generate(
         self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
     ) -> Generation:
+        if self._broken is not None:
+            raise EngineUnavailableError(self._broken)
         params = parse_sampling(sampling)
         ids = check_prompt(
             input_ids, params, vocab_size=self.vocab_size, max_context=self.max_context, whose="the model's"
@@ -308,7 +312,7 @@ class VLLMEngine(HTTPEngineClient):
                     await self._reload(str(path))
                 except WeightUpdateError:
                     self.stats["rollbacks"] += 1
-                    await self._reload(self._good_path)  # the old weights serve again, whole
+                    await self._rollback()
                     raise
                 await self.flush_cache()
                 await self._post_ok(
@@ -317,8 +321,24 @@ class VLLMEngine(HTTPEngineClient):
                 self._version, self._good_path = new, str(path)
                 self.stats["updates"] += 1
             finally:
-                await self._post_ok("/resume", None, "resuming generation")
+                if self._broken is None:  # a server holding mixed weights stays paused
+                    await self._post_ok("/resume", None, "resuming generation")
         return new
+
+    async def _rollback(self) -> None:
+        """Reload the last good weights after a failed reload; if that fails too, refuse to serve.
+
+        The server is still paused then, and stays so: no token is sampled from a half-updated
+        model, and every later ``generate`` raises :class:`EngineUnavailableError` at once.
+        """
+        try:
+            await self._reload(self._good_path)  # the old weights serve again, whole
+        except WeightUpdateError as e:
+            self._broken = (
+                f"vLLM at {self.base_url} may hold partly updated weights: a reload failed and so did "
+                f"reloading {self._good_path!r} ({e}); restart the server"
+            )
+            raise EngineUnavailableError(self._broken) from e
 
     async def _reload(self, path: str) -> None:
         body = {"method": "agentrl_reload", "kwargs": {"weights_path": path}, "timeout": self.timeout_s}
@@ -409,9 +429,14 @@ class VLLMEngine(HTTPEngineClient):
         async with self._lock:
             await self._post_ok("/pause", None, "pausing generation", params={"mode": "keep"})
             try:
-                await self._rpc("agentrl_receive", "receiving and applying the weights", deadline,
-                                commit=True, **kwargs)  # fmt: skip
                 self._staged[group_name] = set()
+                try:
+                    await self._rpc("agentrl_receive", "receiving and applying the weights", deadline,
+                                    commit=True, **kwargs)  # fmt: skip
+                except WeightUpdateError:
+                    self.stats["rollbacks"] += 1
+                    await self._rollback()
+                    raise
                 await self.flush_cache()
                 await self._post_ok(
                     "/update_weight_version", {"new_version": str(new)}, "setting the version"
@@ -419,7 +444,8 @@ class VLLMEngine(HTTPEngineClient):
                 self._version = new
                 self.stats["updates"] += 1
             finally:
-                await self._post_ok("/resume", None, "resuming generation")
+                if self._broken is None:
+                    await self._post_ok("/resume", None, "resuming generation")
         return new
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
