@@ -109,8 +109,14 @@ def test_memory_pinned_in_sysv_shm_is_a_memory_result_not_a_lost_sandbox(sandbox
     )
     r = sandbox.run(code)
     assert r.reason == "memory" and not r.infra_error, r
-    seen = [sandbox.run("print(1)").reason for _ in range(3)]  # the pinned pages may OOM the next run
-    assert "sandbox_lost" not in seen and seen[-1] == "exited", seen
+    # The segment outlives the run, so the pinned pages stay charged to the sandbox: a later run
+    # may exit or run out of memory (which one depends on how close to the limit the pages sit),
+    # but it is the code's outcome either way, never a lost sandbox or an infrastructure error.
+    later = [sandbox.run("print(1)") for _ in range(3)]
+    assert all(x.reason in ("exited", "memory") and not x.infra_error for x in later), later
+    sandbox.reset()  # a reset frees the pinned memory: the next run is clean
+    r = sandbox.run("print(1)")
+    assert r.ok and r.stdout == "1\n", r
 
 
 def test_pids_held_by_the_interpreter_make_later_runs_a_pids_result(sandbox: Sandbox) -> None:
