@@ -126,6 +126,8 @@ class RolloutConfig:
     """asynchronous rollout: groups play continuously while the trainer updates, and no trained token is more than K policy versions old (0: synchronous, every step rolls out with the latest weights)"""
     overprovision: int = 0
     """asynchronous rollout: start this many groups beyond the staleness bound, so stragglers are carried over instead of delaying a batch (needs max_staleness >= 1)"""
+    requeue_stale: bool = False
+    """asynchronous rollout, strict on-policy: no episode spans a weight update; groups in flight when the weights change are aborted and replayed from their start (needs max_staleness >= 1)"""
     eval_every: int = 5
     """evaluate on held-out seeds every N train steps (0: only at start and end)"""
     eval_episodes: int = 64
@@ -149,6 +151,13 @@ class RolloutConfig:
                 "rollout",
                 "overprovision",
                 self.overprovision,
+                "needs asynchronous rollout: set --max-staleness 1 or more",
+            )
+        if self.requeue_stale and not self.max_staleness:
+            _fail(
+                "rollout",
+                "requeue_stale",
+                self.requeue_stale,
                 "needs asynchronous rollout: set --max-staleness 1 or more",
             )
         if not isinstance(self.env_kwargs, dict):

@@ -29,6 +29,18 @@ a batch larger than ``T`` (``rollout/groups``). A group with an infrastructure f
 dropped and counted, as in the synchronous loop. Weights synced while a group plays reach the
 engine between two decode steps, and its later tokens carry the new version (partial rollout).
 
+**Requeue** (``requeue_stale=True``, for strict on-policy runs: the tail batching of RollPacker,
+Gao et al. 2025). No episode spans a weight update: when the engine's version moves past the
+version a group started at, the group is aborted where it stands (its engine requests are
+cancelled, its sessions and envs closed) and goes back to the front of the queue, to be replayed
+from its start under the new weights (``rollout/groups_requeued``). Completed groups are still
+taken within the bound ``K``, so every trained episode's tokens carry one version, at most ``K``
+old. The price is the work thrown away, and it falls on the longest episodes (the ones still
+playing when the weights change): they are the ones replayed, again and again if they are
+longer than a step — the trainer waits for a due group, so a replay always ends, but the
+default (carry over, partial rollouts) wastes nothing and is the one to use unless a strictly
+single-version episode matters more than throughput.
+
 **Ranks.** Under ``torchrun`` every rank runs a service over its share of the tasks (``shard =
 (rank, world)``: local task ``j`` is global task ``j * world + rank``) with its own engine, and
 takes ``T / world`` groups a step; the trainer gathers the shares on its own thread, so no
@@ -78,6 +90,7 @@ class RolloutService:
         replay: Sequence[int] = (),
         shard: tuple[int, int] = (0, 1),
         timeout_s: float = 600.0,
+        requeue_stale: bool = False,
     ) -> None:
         if max_staleness < 1:
             raise TrainerError(
@@ -89,6 +102,8 @@ class RolloutService:
             raise TrainerError(f"tasks_per_step={tasks_per_step} does not split across {self.world} ranks")
         self.T, self.G, self.temperature = tasks_per_step // self.world, group_size, temperature
         self.K, self.O, self.timeout_s = max_staleness, overprovision, timeout_s
+        self.requeue_stale = requeue_stale
+        self._requeued = 0  # groups aborted and requeued since the last take (counted there)
         self._queue: deque[int] = deque(sorted(replay))  # what a checkpoint left untrained: first in line
         self._next = next_task
         self._v0 = 0  # the engine's version when the service started (read on the loop, in _start)
@@ -121,6 +136,8 @@ class RolloutService:
         version that trains them.
         """
         v = self.version()
+        if self.requeue_stale:
+            self._requeue_older_than(v)
         while not self._closed and self._capacity_left() > 0:
             k = self._queue[0] if self._queue else self._next
             if self._admitted >= (v - self._v0 + self.K + 1) * self.T + self.O:
@@ -139,14 +156,31 @@ class RolloutService:
             self._running[k] = task
             task.add_done_callback(functools.partial(self._finished, k))
 
+    def _requeue_older_than(self, v: int) -> None:
+        """Abort the groups in flight that started before version ``v``; they replay from their start."""
+        stale = [k for k in self._running if self._start_version[k] < v]
+        for k in stale:
+            self._running.pop(k).cancel()
+            self._requeue(k)
+
+    def _requeue(self, k: int) -> None:
+        del self._started[k], self._start_version[k]
+        self._admitted -= 1  # its replay takes the place it held under the bound
+        self._queue = deque(sorted([*self._queue, k]))
+        self._requeued += 1
+
     def _finished(self, k: int, task: asyncio.Task[list[Episode]]) -> None:
-        self._running.pop(k, None)
+        if self._running.get(k) is not task:  # aborted and requeued (its replay may be running)
+            return
+        del self._running[k]
         if task.cancelled():
             return
         exc = task.exception()
         group = task.result() if exc is None else []
         if exc is not None:  # a bug or a config error in the rollout itself: surface it at the next take
             self._error = exc
+        elif self.requeue_stale and _spans_versions(group):  # ended after an update it had not seen yet
+            self._requeue(k)
         elif complete(group):
             self._done[k] = group
         else:
@@ -198,7 +232,11 @@ class RolloutService:
         )
         total = max(sum(lags.values()), 1)
         res.metrics.update({f"rollout/lag_{lag}_frac": lags[lag] / total for lag in range(self.K + 1)})
+        mixed = sum(_spans_versions([e]) for g in groups for e in g)
+        res.metrics["rollout/mixed_version_frac"] = mixed / max(sum(len(g) for g in groups), 1)
         res.metrics["rollout/groups_carried"] = float(len(self._done) + len(self._running))
+        res.metrics["rollout/groups_requeued"] = float(self._requeued)
+        self._requeued = 0
         self._admit()
         return res
 
@@ -228,3 +266,15 @@ class RolloutService:
         """Cancel the groups in flight (their tasks are in :meth:`state` of the last checkpoint)."""
         if not self._closed:
             self.loop.run(self._close(), timeout_s=30.0, what="stopping the rollout service")
+
+
+def _spans_versions(group: list[Episode]) -> bool:
+    """Whether the sampled tokens of ``group`` carry more than one weight version."""
+    versions = {
+        ver
+        for e in group
+        for t in e.trajectories
+        for ver, m in zip(t.policy_versions, t.loss_mask, strict=True)
+        if m
+    }
+    return len(versions) > 1

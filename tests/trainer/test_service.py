@@ -180,6 +180,63 @@ def test_a_rollout_bug_surfaces_at_the_next_take(loop):
     assert RolloutError  # the error class a stuck batch raises (see the service)
 
 
+class Spanning(Scripted):
+    """A rollout whose tokens carry the version at the group's start and at its end."""
+
+    def __init__(self, seconds=lambda k: 0.01) -> None:
+        super().__init__(seconds)
+        self.aborted: list[int] = []
+
+    async def group(self, seed: int, group_size: int, temperature: float, salt: int = 0) -> list[Episode]:
+        self.started[seed] = v0 = self.version
+        self.starts.append(seed)
+        try:
+            await asyncio.sleep(self.seconds(seed))
+        except asyncio.CancelledError:
+            self.aborted.append(seed)
+            raise
+        traj = Trajectory(
+            token_ids=[1, 2, 3],
+            loss_mask=[0, 1, 1],
+            rollout_logprobs=[0.0, -1.0, -1.0],
+            policy_versions=[-1, v0, self.version],
+        )
+        return [Episode(seed, f"s{seed}", 1.0, [traj], completion_tokens=2)] * group_size
+
+
+@pytest.mark.parametrize("requeue", [False, True])
+def test_requeue_stale_replays_a_group_the_update_overtook_and_trains_one_version(loop, requeue):
+    rollout = Spanning(seconds=lambda k: 0.4 if k == 1 and rollout.starts.count(1) == 1 else 0.01)
+    svc = _service(rollout, loop, max_staleness=1, requeue_stale=requeue)
+    trained: list[int] = []
+    try:
+        for step in range(3):
+            res, _ = svc.take(step)
+            trained += [int(g[0].group_id[1:]) for g in res.groups]
+            versions = [{*t.policy_versions[1:]} for g in res.groups for e in g for t in e.trajectories]
+            if requeue:  # every trained episode was sampled by one version
+                assert all(len(v) == 1 for v in versions), (step, versions)
+                assert res.metrics["rollout/mixed_version_frac"] == 0.0
+            if step == 1:
+                assert 1 in trained  # the straggler is trained by the step its bound falls due
+                assert (res.metrics["rollout/groups_requeued"] == 1) is requeue
+                assert (res.metrics["rollout/mixed_version_frac"] > 0) is not requeue
+            rollout.version += 1  # the sync, while group 1 still plays (it takes 0.4 s)
+        aborted = list(rollout.aborted)  # (closing the service aborts what still plays)
+    finally:
+        svc.close()
+    assert sorted(trained) == list(range(len(trained))) and len(trained) >= 12  # each task once
+    if requeue:  # aborted where it stood and replayed from its start under the new weights
+        assert aborted == [1] and rollout.starts.count(1) == 2
+    else:  # partial rollout: played once, across the update
+        assert aborted == [] and rollout.starts.count(1) == 1
+
+
+def test_requeue_stale_needs_async():
+    with pytest.raises(ConfigError, match=r"rollout.requeue_stale=True: needs asynchronous rollout"):
+        resolve(requeue_stale=True)
+
+
 # ---------------------------------------------------------------- the real loop
 
 SMALL = {
@@ -207,6 +264,28 @@ def test_async_training_trains_within_the_bound_and_evaluates(tmp_path, slow_upd
     out = Console(record=True, width=120)
     out.print(summary_table(tmp_path / "metrics.jsonl"))
     assert "staleness, max (policy versions)" in out.export_text()
+
+
+def test_requeue_stale_training_trains_each_episode_under_one_version(tmp_path, slow_updates, monkeypatch):
+    from agentrl.engines.hf import HFEngine
+
+    generate = HFEngine.generate
+
+    async def slow_generate(self, *args, **kwargs):  # groups still play when the update's sync lands
+        out = await generate(self, *args, **kwargs)
+        await asyncio.sleep(0.5)  # longer than an update (0.3 s)
+        return out
+
+    monkeypatch.setattr(HFEngine, "generate", slow_generate)
+    cfg = resolve(**SMALL, eval_every=0, steps=4, max_staleness=1, requeue_stale=True, run_dir=str(tmp_path))
+    train(cfg, console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
+    steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["rollout/mixed_version_frac"] == 0.0 for r in steps)  # no trained episode spans an update
+    assert all(r["train/staleness_max"] <= 1 for r in steps)
+    assert sum(r["rollout/groups_requeued"] for r in steps) >= 1  # the update did overtake groups in flight
+    tasks = [t for r in read_jsonl(tmp_path / "tasks.jsonl") for t in r["tasks"]]
+    assert len(tasks) == len(set(tasks)) == 8  # every trained task once, none lost to a requeue
 
 
 @pytest.mark.slow
