@@ -222,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         Mode("K = 1", 1),
         Mode("K = 2", 2),
         Mode("K = 1, overprovision 4", 1, 4),
+        Mode("K = 2, overprovision 8", 2, 8),
     ]
     print(
         f"# continuous rollout vs sync: {args.tasks} groups × {args.group} episodes a step, {args.steps} steps a mode,"
