@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,10 @@ def dtype_from_name(name: str) -> torch.dtype:
     return _DTYPES[key]
 
 
+_NAMES_LOCK = threading.Lock()
+_REGISTERED: set[str] = set()  # group names this process registered (or is registering) with c10d
+
+
 def init_weight_update_group(
     master_address: str,
     master_port: int,
@@ -143,6 +148,7 @@ def init_weight_update_group(
     It does not touch the default process group, so a trainer already running under
     ``torchrun`` can create it alongside its own.
     """
+    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -151,6 +157,14 @@ def init_weight_update_group(
         store, rank, world_size = next(it)
         store.set_timeout(timeout)
         store = c10d.PrefixStore(group_name, store)
+        with _NAMES_LOCK:
+            registered = group_name in _REGISTERED or group_name in c10d._world.pg_names.values()
+            _REGISTERED.add(group_name)
+        if registered and backend == "gloo":
+            # Another engine of this process joined under this name (replicas in one process):
+            # the same key layout as the registered group, under no local name of its own.
+            prefixed = c10d.PrefixStore("cpu/", c10d.PrefixStore(f"{group_name}/", store))
+            return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
         params = inspect.signature(c10d._new_process_group_helper).parameters
         options = "backend_options" if "backend_options" in params else "pg_options"
         pg, _ = c10d._new_process_group_helper(
@@ -175,14 +189,18 @@ def init_weight_update_group(
 
 def destroy_weight_update_group(group: Any) -> None:
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
-    dist.destroy_process_group(group)
+    name = c10d._world.pg_names.get(group)
+    if name is not None:
+        dist.destroy_process_group(group)
+        with _NAMES_LOCK:
+            _REGISTERED.discard(name)
+    # else: a group joined under no local name (see init_weight_update_group); dropping it frees it
 
 
 def _broadcast(t: torch.Tensor, group: Any, timeout_s: float, what: str) -> None:
-    import torch.distributed as dist
-
-    work = dist.broadcast(t, src=0, group=group, async_op=True)
+    work = group.broadcast(t, 0)  # rank 0 of the group; works for a group under no local name too
     try:
         ok = work.wait(timeout=datetime.timedelta(seconds=timeout_s))
     except Exception as e:

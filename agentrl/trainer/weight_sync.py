@@ -157,7 +157,7 @@ class DiskSync:
 
 
 class BroadcastSync:
-    """Broadcast in buckets over a dedicated process group to an engine joined as rank 1.
+    """Broadcast in buckets over a dedicated process group to an engine joined as rank 1 (or replicas as 1..n).
 
     Uses the protocol's distributed path (``init_weights_update_group``,
     ``update_weights_from_distributed``, ``destroy_weights_update_group``): the embedded
@@ -185,11 +185,17 @@ class BroadcastSync:
         require_capability(engine, "distributed", "run.weight_sync='broadcast'")
         port = master_port or _free_port(master_address)
 
+        world = 1 + int(getattr(engine, "weight_ranks", 1))  # several replicas join as ranks 1..n
+
         async def setup() -> Any:
             join = asyncio.create_task(
-                engine.init_weights_update_group(master_address, port, 1, 2, group_name, "gloo", timeout_s)
+                engine.init_weights_update_group(
+                    master_address, port, 1, world, group_name, "gloo", timeout_s
+                )
             )
-            group = await asyncio.to_thread(_trainer_group, master_address, port, 2, timeout_s, group_name)
+            group = await asyncio.to_thread(
+                _trainer_group, master_address, port, world, timeout_s, group_name
+            )
             await join
             return group
 
