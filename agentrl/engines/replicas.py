@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,10 @@ class ReplicaEngine:
         self._affinity: OrderedDict[str, int] = OrderedDict()
         self._owner: dict[str, int] = {}  # request id -> replica, while it runs
         self.affinity_hits = self.affinity_misses = self.restarts = 0
+        self.last_path: tuple[str, int] | None = (
+            None  # the last checkpoint the replicas took, and its version
+        )
+        self._lock = threading.Lock()  # placement vs replace (a supervisor thread may replace a replica)
 
     # ------------------------------------------------------------ routing
 
@@ -88,6 +93,10 @@ class ReplicaEngine:
         return live
 
     def _place(self, key: str) -> int:
+        with self._lock:
+            return self._place_locked(key)
+
+    def _place_locked(self, key: str) -> int:
         i = self._affinity.get(key)
         if i is not None and self.live[i]:
             self._affinity.move_to_end(key)
@@ -123,12 +132,13 @@ class ReplicaEngine:
 
     def replace(self, i: int, engine: Engine) -> None:
         """Put ``engine`` in slot ``i`` and back in service (bring it to the current weights first)."""
-        old = self.engines[i]
-        self.engines[i], self.live[i] = engine, True
-        self._stats[i] = ReplicaStats(failures=self._stats[i].failures)
-        self.restarts += 1
-        for key in [k for k, j in self._affinity.items() if j == i]:
-            del self._affinity[key]  # its sessions' prefixes died with the old server
+        with self._lock:
+            old = self.engines[i]
+            self.engines[i], self.live[i] = engine, True
+            self._stats[i] = ReplicaStats(failures=self._stats[i].failures)
+            self.restarts += 1
+            for key in [k for k, j in self._affinity.items() if j == i]:
+                del self._affinity[key]  # its sessions' prefixes died with the old server
         old.close()
 
     # ------------------------------------------------------------ the Engine protocol
@@ -211,9 +221,11 @@ class ReplicaEngine:
     async def update_weights_from_path(
         self, path: str | os.PathLike[str], *, version: int | None = None
     ) -> int:
-        return await self._update_all(
+        got = await self._update_all(
             f"weight update from {path}", lambda e: e.update_weights_from_path(path, version=version)
         )
+        self.last_path = (os.fspath(path), got)
+        return got
 
     async def init_weights_update_group(
         self,

@@ -358,6 +358,35 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Running on Ray (agentrl/cluster): engine replicas as placed actors."""
+
+    ray: bool = False
+    """run the engine replicas on Ray: the cluster at --ray-address or $RAY_ADDRESS, else a local Ray sized to this machine"""
+    ray_address: str = ""
+    """the Ray cluster to join (auto, ray://host:port, host:port); empty: $RAY_ADDRESS, else a local Ray"""
+    engines: int = 1
+    """engine replicas, each a Ray actor owning an engine server of --engine (needs --ray)"""
+    engine_cpus: float = 1.0
+    """CPUs reserved for each engine replica (its placement bundle)"""
+    engine_gpus: float = 0.0
+    """GPUs reserved for each engine replica"""
+    placement_timeout_s: float = 60.0
+    """deadline for the placement group to be ready (after the resource pre-check passed)"""
+
+    def __post_init__(self) -> None:
+        if self.engines < 1:
+            _fail("cluster", "engines", self.engines, "must be >= 1")
+        if self.engines > 1 and not self.ray:
+            _fail("cluster", "engines", self.engines, "several engine replicas run on Ray: add --ray")
+        if self.engine_cpus <= 0 or self.engine_gpus < 0:
+            _fail("cluster", "engine_cpus/engine_gpus", (self.engine_cpus, self.engine_gpus),
+                  "need engine_cpus > 0 and engine_gpus >= 0")  # fmt: skip
+        if self.ray_address and not self.ray:
+            _fail("cluster", "ray_address", self.ray_address, "only used with --ray; add it")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """The whole configuration of `agentrl train`, one table per section."""
 
@@ -366,6 +395,7 @@ class TrainConfig:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
         a, r = self.algo, self.rollout
@@ -389,7 +419,21 @@ class TrainConfig:
             _fail(
                 "algo", "overlong_buffer", a.overlong_buffer, f"must be < max_new_tokens={r.max_new_tokens}"
             )
-        remote_engine = r.session_url or self.model.engine != "hf"
+        remote_engine = r.session_url or self.model.engine != "hf" or self.cluster.ray
+        if self.cluster.ray:
+            for name, value, why in (
+                ("rollout.session_url", r.session_url, "the session server's own engine serves the episodes"),
+                (
+                    "model.engine_url",
+                    self.model.engine_url,
+                    "the Ray engine replicas are started by this run",
+                ),
+            ):
+                if value:
+                    _fail("cluster", "ray", True, f"cannot be combined with {name}={value!r}: {why}")
+            if self.run.weight_sync not in ("auto", "disk"):
+                _fail("run", "weight_sync", self.run.weight_sync, "Ray engine replicas load the weights by "
+                      "checkpoint for now; use --weight-sync disk (the default with --ray)")  # fmt: skip
         if r.session_url and self.model.engine != "hf":
             _fail("model", "engine", self.model.engine, f"with rollout.session_url={r.session_url!r} the session "
                   "server's own engine serves the episodes; start it with `agentrl serve-session --engine "

@@ -131,6 +131,7 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                     "time/step": t3 - t0,
                     "sync/version": float(run.rt.engine.weight_version),
                     "sync/bytes": float(pushed.bytes if pushed else 0),
+                    **_replica_metrics(run.rt.engine),
                 }
                 _log_eval_checkpoint(run, step + 1, row, task, [int(g[0].group_id[1:]) for g in res.groups])
             _eval_end(run)
@@ -139,6 +140,22 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
         run.close()
         if run.rt.ranks.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _replica_metrics(engine: Any) -> dict[str, float]:
+    """Engine replicas (``--ray --engines N``): restarts so far, session-affinity hits, replicas in
+    service and replicas that served requests (counts since the replica started)."""
+    stats = getattr(engine, "stats", None)
+    if stats is None:
+        return {}
+    s = stats()
+    return {
+        "engines/restarts": float(s["restarts"]),
+        "engines/affinity_hits": float(s["affinity_hits"]),
+        "engines/sessions_placed": float(s["affinity_misses"]),
+        "engines/live": float(sum(r["live"] for r in s["replicas"])),
+        "engines/serving": float(sum(r["requests"] > 0 for r in s["replicas"])),
+    }
 
 
 # ---------------------------------------------------------------- setup

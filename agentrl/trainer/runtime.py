@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -52,6 +52,10 @@ __all__ = [
 ]
 
 
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
 @dataclass
 class Runtime:
     """Everything a run holds: the trainer's policy copy, the engine, sessions, envs and the event loop."""
@@ -67,8 +71,9 @@ class Runtime:
     loop: LoopThread
     pad_id: int
     ranks: Ranks = field(default_factory=Ranks)
-    server: EngineServer | None = None
-    """The engine server this run started (``--engine vllm``/``sglang`` without a URL); stopped on close."""
+    server: Stoppable | None = None
+    """The engine server(s) this run started (``--engine vllm``/``sglang`` without a URL, or the Ray
+    replicas of ``--ray``); stopped on close."""
 
     @property
     def loop_timeout_s(self) -> float:
@@ -188,15 +193,18 @@ def build_runtime(
     path = resolve(name)
     tokenizer = load_tokenizer(path)
     loop = LoopThread("agentrl-rollout")
-    server: EngineServer | None = None
+    server: Stoppable | None = None
     try:
         if cfg.rollout.session_url:  # checked before the policy loads: a wrong URL or model fails fast
             sessions, engine = _connect_session_server(cfg, loop, tokenizer, name)
+        elif cfg.cluster.ray:  # the replicas start before the policy loads: a cluster too small fails fast
+            engine, server = _ray_engines(cfg, name, run_dir, ranks)
+            sessions = _manager(tokenizer, engine, name)
         elif cfg.model.engine != "hf":  # started (or reached) before the policy loads, for the same reason
             engine, server = _engine_server(cfg, name, run_dir, ranks)
             sessions = _manager(tokenizer, engine, name)
         policy = load_model(path).to(device=device, dtype=torch.float32)
-        if not cfg.rollout.session_url and cfg.model.engine == "hf":
+        if not cfg.rollout.session_url and not cfg.cluster.ray and cfg.model.engine == "hf":
             sessions, engine = _local_sessions(cfg, tokenizer, path, name, device)
     except BaseException:
         loop.close()
@@ -249,6 +257,28 @@ def _engine_server(
         log_path=log, startup_timeout_s=m.engine_startup_s, timeout_s=max(300.0, r.episode_timeout_s),
     )  # fmt: skip
     return engine, server
+
+
+def _ray_engines(cfg: TrainConfig, name: str, run_dir: Path | None, ranks: Ranks) -> tuple[Engine, Stoppable]:
+    """``cluster.engines`` replicas of ``model.engine`` on Ray actors, as one engine (agentrl/cluster)."""
+    if ranks.world > 1:
+        raise ConfigError(
+            "cluster.ray=True under torchrun: with --ray the trainer runs in one process for now "
+            "(trainer ranks as Ray actors are not built yet); run `agentrl train --ray` without torchrun"
+        )
+    if cfg.model.engine == "sglang":
+        raise ConfigError("cluster.ray=True with model.engine='sglang': Ray replicas run hf or vllm for now")
+    from agentrl.cluster.engines import RayEngines
+    from agentrl.engines.launcher import local_model_dir
+
+    c, m = cfg.cluster, cfg.model
+    replicas = RayEngines(
+        m.engine, local_model_dir(name), replicas=c.engines, cpus=c.engine_cpus, gpus=c.engine_gpus,
+        address=c.ray_address, seed=cfg.run.seed, log_dir=run_dir, python=m.engine_python,
+        startup_timeout_s=m.engine_startup_s, timeout_s=max(300.0, cfg.rollout.episode_timeout_s),
+        placement_timeout_s=c.placement_timeout_s,
+    )  # fmt: skip
+    return replicas.engine, replicas
 
 
 def _connect_session_server(

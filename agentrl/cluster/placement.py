@@ -1,0 +1,86 @@
+"""Connecting to Ray, checking its resources, and reserving them in one placement group.
+
+A request the cluster cannot meet fails within seconds, naming what is missing and what is
+there, before anything is reserved (a placement group Ray cannot place waits forever
+otherwise); a placement group that is not ready by its deadline is removed and reported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from agentrl.errors import AgentRLError
+
+__all__ = ["ClusterError", "check_resources", "connect", "reserve"]
+
+NAMESPACE = "agentrl"
+
+
+class ClusterError(AgentRLError):
+    """The cluster cannot run what was asked (resources, placement, a dead actor)."""
+
+
+def connect(address: str = "") -> bool:
+    """Join the Ray cluster at ``address`` (or ``$RAY_ADDRESS``, as under ``ray job submit``), else start
+    a local one sized to this machine. Returns True when this call started Ray (the caller shuts it down).
+    """
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {
+        "namespace": NAMESPACE,
+        "log_to_driver": False,
+        "configure_logging": False,
+    }
+    target = address or os.environ.get("RAY_ADDRESS", "")
+    try:
+        if target:
+            ray.init(address=target, **kwargs)
+            return False
+        ray.init(
+            num_cpus=os.cpu_count() or 1,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            **kwargs,
+        )
+    except Exception as e:  # noqa: BLE001 - Ray's own errors name the cause; ours names the setting
+        where = f"the Ray cluster at {target!r}" if target else "a local Ray"
+        raise ClusterError(f"could not start or join {where}: {type(e).__name__}: {e}") from e
+    return True
+
+
+def check_resources(
+    need: Mapping[str, float], have: Mapping[str, float], free: Mapping[str, float], what: str
+) -> None:
+    """Raise :class:`ClusterError` unless ``free`` covers ``need`` (``have`` is the cluster's total)."""
+    short = {k: v for k, v in need.items() if v > 0 and free.get(k, 0.0) + 1e-9 < v}
+    if short:
+        asked = ", ".join(f"{v:g} {k}" for k, v in need.items() if v > 0)
+        there = ", ".join(f"{k} {free.get(k, 0.0):g} free of {have.get(k, 0.0):g}" for k in short)
+        raise ClusterError(
+            f"{what} needs {asked}; the cluster has {there}. Ask for less (--engines, --engine-cpus, "
+            "--engine-gpus) or add nodes to the cluster"
+        )
+
+
+def reserve(bundles: Sequence[Mapping[str, float]], what: str, timeout_s: float = 60.0) -> PlacementGroup:
+    """One placement group of ``bundles`` (packed), checked against the free resources first."""
+    need: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    check_resources(need, ray.cluster_resources(), ray.available_resources(), what)
+    pg = placement_group([dict(b) for b in bundles], strategy="PACK", name=f"agentrl-{os.getpid()}")
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except Exception as e:  # noqa: BLE001 - GetTimeoutError, or the group could not be created
+        remove_placement_group(pg)
+        raise ClusterError(
+            f"the placement group for {what} ({len(bundles)} bundles, {need}) was not ready within "
+            f"{timeout_s} s ({type(e).__name__}); free resources: {ray.available_resources()}"
+        ) from e
+    return pg
