@@ -210,7 +210,7 @@ class MCPConnection:
             if not ready.done():
                 ready.set_exception(e)
             else:
-                self.broken = self.broken or f"{type(e).__name__}: {e}"
+                self.broken = self.broken or _describe(e)
         finally:
             self.session = None
             self.broken = self.broken or "closed"
@@ -237,6 +237,23 @@ class MCPConnection:
             streamable_http_client(s.url or "", http_client=client)
         )
         return read, write
+
+    async def _call(
+        self, session: ClientSession, name: str, arguments: dict[str, Any]
+    ) -> types.CallToolResult:
+        """``tools/call``, cut short when the connection's task ends (an HTTP transport that lost its
+        server ends it without answering the calls in flight)."""
+        deadline = timedelta(seconds=self.server.call_timeout_s)
+        call = asyncio.ensure_future(session.call_tool(name, arguments, read_timeout_seconds=deadline))
+        try:
+            assert self._task is not None
+            await asyncio.wait({call, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            if call.done():
+                return call.result()
+            raise ConnectionError(f"the connection ended ({self.broken or 'closed'})")
+        finally:
+            if not call.done():
+                call.cancel()
 
     async def _start(self) -> None:
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -265,15 +282,15 @@ class MCPConnection:
         try:
             _background().run(self._start(), s.connect_timeout_s + _CLOSE_TIMEOUT_S)
         except TimeoutError:
-            self._discard()
+            tail = self._discard()
             raise EnvInfraError(
                 f"MCP server {s.label!r} did not start and list its tools within connect_timeout_s="
-                f"{s.connect_timeout_s:g} s{self._stderr_tail()}"
+                f"{s.connect_timeout_s:g} s{tail}"
             ) from None
         except Exception as e:
-            self._discard()
+            tail = self._discard()
             raise EnvInfraError(
-                f"MCP server {s.label!r} could not be started: {_describe(e)}{self._stderr_tail()}"
+                f"MCP server {s.label!r} could not be started: {_describe(e)}{tail}"
             ) from None
         _live.add(self)
         return self
@@ -283,11 +300,8 @@ class MCPConnection:
         s, session = self.server, self.session
         if self.broken or session is None:
             raise EnvInfraError(f"MCP server {s.label!r} is not connected ({self.broken or 'closed'})")
-        deadline = timedelta(seconds=s.call_timeout_s)
         try:
-            return _background().run(
-                session.call_tool(name, arguments, read_timeout_seconds=deadline), s.call_timeout_s + 5
-            )
+            return _background().run(self._call(session, name, arguments), s.call_timeout_s + 5)
         except Exception as e:
             if not _infra_code(e):
                 raise  # an McpError answered by a live server: the model's call was refused
@@ -297,6 +311,18 @@ class MCPConnection:
                 f"MCP server {s.label!r}: tools/call {name!r} failed ({_describe(e)}); the server is "
                 f"discarded and the episode must be retried{self._stderr_tail()}"
             ) from None
+
+    def alive(self) -> bool:
+        """Whether the server answers a ``ping`` within 5 s (checked before a pooled connection is reused)."""
+        session = self.session
+        if self.broken or session is None:
+            return False
+        try:
+            _background().run(session.send_ping(), 5.0)
+        except Exception:
+            self.broken = "did not answer a ping"
+            return False
+        return True
 
     def close(self) -> None:
         """Stop the session (and the stdio server process); idempotent, bounded by a deadline."""
@@ -310,11 +336,14 @@ class MCPConnection:
                 self._stderr.close()
             self._stderr = None
 
-    def _discard(self) -> None:
+    def _discard(self) -> str:
+        """Forget a connection that never opened; returns the tail of its stderr for the message."""
         self.broken = self.broken or "failed to start"
+        tail = self._stderr_tail()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
+        return tail
 
     def _stderr_tail(self) -> str:
         if self._stderr is None or self._stderr.closed:
@@ -346,13 +375,15 @@ def live_connections() -> int:
 
 
 def _acquire(server: MCPServer) -> MCPConnection:
-    if server.lifetime == "pooled":
+    while server.lifetime == "pooled":  # the most recently used first; one that died idle is dropped
         with _pool_lock:
-            idle = _pool.get(server, [])
-            while idle:
-                conn = idle.pop()
-                if not conn.broken:
-                    return conn
+            idle = _pool.get(server)
+            conn = idle.pop() if idle else None
+        if conn is None:
+            break
+        if conn.alive():
+            return conn
+        conn.close()
     return MCPConnection(server).open()
 
 
@@ -411,7 +442,8 @@ class MCPToolset:
 
     @property
     def specs(self) -> list[ToolSpec]:
-        self.connect()
+        if not self.routes:  # connects once; a broken connection is replaced at the next reset, not here
+            self.connect()
         return [r.spec for r in self.routes.values()]
 
     def connect(self) -> None:

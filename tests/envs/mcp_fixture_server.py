@@ -11,7 +11,8 @@ each with its own server process. Its tools misbehave on request:
 - ``weather.now()``: a name OpenAI's tool-name rule refuses.
 
 ``--fail-start`` exits before reading anything (after a line on stderr); ``--slow-start S``
-waits S seconds before answering ``initialize``.
+waits S seconds before answering ``initialize``; ``--die-once PATH`` makes the first
+``tools/call`` of all servers started with it exit mid-call (it creates PATH; later calls answer).
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ def main() -> None:
         elif method == "ping":
             reply["result"] = {}
         elif method == "tools/call":
+            if "--die-once" in sys.argv:
+                marker = sys.argv[sys.argv.index("--die-once") + 1]
+                if not os.path.exists(marker):
+                    open(marker, "w").close()
+                    os._exit(3)
             try:
                 reply["result"] = call(params["name"], params.get("arguments") or {}, state)
             except KeyError as e:
