@@ -108,7 +108,11 @@ def serve(
     # shorter GIL switch interval (default 5 ms) cuts the wait at each hand-off under load.
     sys.setswitchinterval(0.001)
     app = create_app(config)
-    print(f"agentrl env server: serving {config.env_ids} on http://{host}:{port} (docs at /docs)", flush=True)
+    print(
+        f"agentrl env server: serving {config.env_ids} on http://{host}:{port} (docs at /docs; "
+        "each episode's tools over MCP at /episodes/{id}/mcp)",
+        flush=True,
+    )
     uvicorn.run(
         app,
         host=host,

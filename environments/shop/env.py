@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs import ToolEnv
-from agentrl.envs.mcp_tools import MCPServer
+from agentrl.envs import MCPServer, ToolEnv
 from agentrl.types import FunctionCall, Message, ToolCall
 from environments.shop.server import PRICES
 
