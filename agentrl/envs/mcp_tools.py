@@ -79,6 +79,8 @@ class MCPServer:
     """Extra environment variables of a stdio server (added to the SDK's safe default set)."""
     cwd: str | None = None
     """Working directory of a stdio server."""
+    headers: dict[str, str] | None = field(default=None, hash=False)
+    """HTTP headers sent with every request to a ``url`` server (an auth token, a session header)."""
     prefix: str = ""
     """Put in front of every tool name of this server (to tell apart two servers' tools)."""
     lifetime: Literal["episode", "pooled"] = "episode"
@@ -107,6 +109,8 @@ class MCPServer:
             object.__setattr__(self, "command", tuple(self.command))
         if self.url is not None and not re.match(r"https?://", self.url):
             raise ConfigError(f"MCPServer url must start with http:// or https://, got {self.url!r}")
+        if self.headers is not None and self.url is None:
+            raise ConfigError("MCPServer headers go with url=...; a stdio server takes env={...} instead")
         if self.lifetime not in ("episode", "pooled"):
             raise ConfigError(f"MCPServer lifetime must be 'episode' or 'pooled', got {self.lifetime!r}")
         if self.prefix and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", self.prefix):
@@ -232,7 +236,7 @@ class MCPConnection:
 
         # connect/write deadlines from the server config; reads are bounded per call by call_timeout_s
         timeout = httpx.Timeout(s.connect_timeout_s, read=s.call_timeout_s + 5)
-        client = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, headers=s.headers))
         read, write, _ = await stack.enter_async_context(
             streamable_http_client(s.url or "", http_client=client)
         )

@@ -275,6 +275,7 @@ def test_name_clashes_are_definition_errors_and_a_prefix_resolves_them() -> None
         ({"command": ["a"], "lifetime": "forever"}, "lifetime must be 'episode' or 'pooled'"),
         ({"command": ["a"], "prefix": "has space"}, "prefix must match"),
         ({"command": ["a"], "call_timeout_s": 0}, "call_timeout_s must be > 0"),
+        ({"command": ["a"], "headers": {"x": "1"}}, "headers go with url=..."),
     ],
 )
 def test_bad_server_configs_are_refused_with_the_fix(kwargs: dict[str, Any], message: str) -> None:
