@@ -310,10 +310,11 @@ class MCPConnection:
             if not _infra_code(e):
                 raise  # an McpError answered by a live server: the model's call was refused
             self.broken = f"tools/call {name!r} failed: {_describe(e)}"
+            tail = self._stderr_tail()
             self.close()
             raise EnvInfraError(
                 f"MCP server {s.label!r}: tools/call {name!r} failed ({_describe(e)}); the server is "
-                f"discarded and the episode must be retried{self._stderr_tail()}"
+                f"discarded and the episode must be retried{tail}"
             ) from None
 
     def alive(self) -> bool:

@@ -63,6 +63,7 @@ def call(name: str, args: dict[str, object], state: dict[str, int]) -> dict[str,
     if name == "hang":
         time.sleep(3600)
     if name == "die":
+        print("fixture server: dying on purpose", file=sys.stderr, flush=True)
         os._exit(3)
     if name == "weather.now":
         return text("sunny")
