@@ -8,8 +8,13 @@ fastmcp's), while the env scores the episode.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +22,8 @@ import pytest
 from mcp import ClientSession, McpError
 from mcp.client.streamable_http import streamable_http_client
 
-from agentrl.envs import EnvInfraError, ToolEnv, register, tool
-from agentrl.envs.mcp_tools import close_all
+from agentrl.envs import EnvInfraError, MCPServer, ToolEnv, register, tool
+from agentrl.envs.mcp_tools import close_all, live_connections
 from agentrl.envs.server import ServerConfig, create_app
 from agentrl.httpkit import BackgroundServer
 from agentrl.types import Message
@@ -227,3 +232,56 @@ def test_fastmcp_client_plays_through_an_env_whose_tools_are_mcp_themselves(
     )  # one block per item, joined
     order = http.get(f"/episodes/{eid}").json()
     assert order["turn"] == 1 and "A customer orders" in prompt
+
+
+class Fixture(ToolEnv):
+    """Tools only from the tests' stdio fixture server, one fresh server per episode."""
+
+    max_turns = 4
+
+    def __init__(self) -> None:
+        self.mcp_servers = [
+            MCPServer(command=[sys.executable, str(Path(__file__).with_name("mcp_fixture_server.py"))])
+        ]
+
+    def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
+        return [Message(role="user", content="go")], {}
+
+    def answer(self, message: Message) -> tuple[float, dict[str, Any]]:
+        return 1.0, {}
+
+
+register("test-mcp-fixture-v0", Fixture, override=True)
+
+
+def _children() -> set[int]:
+    me, found = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                    found.add(int(entry))
+    return found
+
+
+def test_a_served_env_stops_its_mcp_servers_with_its_episodes() -> None:
+    before, base = _children(), live_connections()  # other tests' pooled servers may be idle here
+    config = ServerConfig(env_ids=["test-mcp-fixture-v0"], episode_ttl_s=1, reap_interval_s=0.2)
+    with BackgroundServer(create_app(config)) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        pids = set()
+        for seed in range(20):
+            eid, _ = episode(http, "test-mcp-fixture-v0", seed=seed)
+
+            async def pid(eid: str = eid) -> int:
+                async with mcp_session(srv.url, eid) as s:
+                    return int((await s.call_tool("pid", {})).content[0].text)
+
+            pids.add(run(pid()))
+            if seed < 19:  # closed by the client; the last one is left for the reaper
+                assert http.delete(f"/episodes/{eid}").status_code == 200
+        assert len(pids) == 20 and pids & _children() and live_connections() == base + 1
+        deadline = time.monotonic() + 15
+        while live_connections() > base and time.monotonic() < deadline:
+            time.sleep(0.1)  # the idle episode is reaped after its 1 s TTL, and its server stopped
+        assert live_connections() == base
+    assert _children() <= before
