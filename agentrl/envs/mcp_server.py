@@ -131,10 +131,18 @@ class EpisodeMCP:
             raise McpError(types.ErrorData(code=types.INVALID_PARAMS, message=e.detail)) from None
 
     async def _list_tools(self, req: types.ListToolsRequest) -> types.ServerResult:
-        from mcp import types
+        from mcp import McpError, types
 
         ep = self._episode()
-        specs = await asyncio.to_thread(lambda: ep.env.tools)  # an MCP-backed env may connect here
+        timeout_s = self.state.config.step_timeout_s
+        try:  # an MCP-backed env may connect here: off the loop, under the step deadline
+            specs = await asyncio.wait_for(asyncio.to_thread(lambda: ep.env.tools), timeout_s)
+        except Exception as e:
+            message = f"episode {ep.id!r}: listing its tools failed: {type(e).__name__}: {e}"
+            if isinstance(e, TimeoutError):
+                message = f"episode {ep.id!r}: listing its tools exceeded the {timeout_s:g} s deadline"
+            data = {"status": 504 if isinstance(e, TimeoutError) else 422, "infra_error": "env_error"}
+            raise McpError(types.ErrorData(code=types.INTERNAL_ERROR, message=message, data=data)) from None
         tools = [
             types.Tool(
                 name=s.function.name,

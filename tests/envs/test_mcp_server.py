@@ -285,3 +285,16 @@ def test_a_served_env_stops_its_mcp_servers_with_its_episodes() -> None:
             time.sleep(0.1)  # the idle episode is reaped after its 1 s TTL, and its server stopped
         assert live_connections() == base
     assert _children() <= before
+
+
+def test_without_the_mcp_sdk_the_route_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [m for m in sys.modules if m == "mcp" or m.startswith("mcp.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mcp", None)  # import mcp now raises ImportError
+    app = create_app(ServerConfig(env_ids=["calculator-v0"]))
+    with BackgroundServer(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as http:
+        eid, _ = episode(http, "calculator-v0")
+        answer = http.post(f"/episodes/{eid}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert answer.status_code == 501 and "pip install 'agentrl[mcp]'" in answer.json()["detail"]
+        step = http.post(f"/episodes/{eid}/step", json={"action": {"role": "assistant", "content": "x"}})
+        assert step.json()["terminated"]  # the rest of the server is unaffected
