@@ -363,3 +363,31 @@ def test_shop_over_streamable_http_and_a_server_that_goes_away() -> None:
             env.step(call("price", {"item": "milk"}))
         assert time.monotonic() - t0 < 10  # seen at once, not at the 30 s call deadline
         env.close()
+
+
+def test_a_stdio_server_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "from agentrl.envs import MCPServer, ToolEnv\n"
+        "from agentrl.types import FunctionCall, Message, ToolCall\n"
+        "class E(ToolEnv):\n"
+        f"    mcp_servers = [MCPServer(command={FIXTURE!r})]\n"
+        "    def _reset(self, options): return [Message(role='user', content='go')], {}\n"
+        "e = E(); e.reset(seed=0)\n"
+        "call = ToolCall(id='c', function=FunctionCall(name='pid', arguments='{}'))\n"
+        "print(e.step(Message(role='assistant', tool_calls=[call])).messages[0].content, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        assert Path(f"/proc/{pid}").exists()
+    finally:
+        parent.kill()  # SIGKILL: no atexit, no cleanup in the parent
+        parent.wait(10)
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), "the server outlived its killed parent"
