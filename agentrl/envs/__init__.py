@@ -3,6 +3,7 @@
 Public API::
 
     Env, ToolEnv, StepResult, tool, Rubric      # write an environment
+    MCPServer                                   # a ToolEnv's tools from an MCP server (mcp_servers = [...])
     GymnasiumTextEnv                            # play a discrete-action gymnasium env in text
     register, make, spec, list_envs, EnvSpec    # the registry (ids like "countdown-v0")
     resolve_env, import_modules                 # "module:Class" / "file.py:Class" / --import MODULE
@@ -41,6 +42,7 @@ from agentrl.envs.errors import (
     UnknownEnvError,
 )
 from agentrl.envs.gym_bridge import GymnasiumTextEnv
+from agentrl.envs.mcp_tools import MCPServer
 from agentrl.envs.references import import_modules, resolve_env
 from agentrl.envs.registry import EnvSpec, list_envs, load_errors, load_plugins, make, register, spec
 from agentrl.envs.rubric import Rubric
@@ -63,6 +65,7 @@ __all__ = [
     "EpisodeTimeoutError",
     "GymnasiumTextEnv",
     "InvalidActionError",
+    "MCPServer",
     "MessageSpace",
     "MessagesSpace",
     "RegistrationError",

@@ -9,6 +9,7 @@ Endpoints (JSON; the OpenAPI schema at ``/openapi.json`` describes every body)::
     GET    /episodes/{id}/tools      {"tools": [ToolSpec]}
     POST   /episodes/{id}/oracle     {"action": Message}  (only with expose_oracle: it leaks the answer)
     DELETE /episodes/{id}            close it (idempotent: 404 only for ids never seen)
+    /episodes/{id}/mcp               the episode's tools over MCP, streamable HTTP (agentrl.envs.mcp_server)
     GET    /envs  /health  /metrics
 
 Guarantees:
@@ -48,7 +49,9 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
+from starlette.routing import Route
 
+from agentrl.envs.mcp_server import EpisodeMCP
 from agentrl.envs.server_config import ServerConfig
 from agentrl.envs.server_fastpath import FrontDoor
 from agentrl.envs.server_routes import install_error_handlers, oracle_router, router
@@ -60,6 +63,7 @@ __all__ = ["ServerConfig", "create_app", "serve"]
 def create_app(config: ServerConfig) -> FastAPI:
     """Build the ASGI app serving ``config.env_ids`` (each must be registered: an unknown id raises now)."""
     state = ServerState(config)
+    mcp = EpisodeMCP(state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,9 +71,11 @@ def create_app(config: ServerConfig) -> FastAPI:
         executor = ThreadPoolExecutor(max_workers=config.env_threads, thread_name_prefix="agentrl-env")
         loop.set_default_executor(executor)
         reaper = asyncio.create_task(state.reap())
+        await mcp.start()
         try:
             yield
         finally:
+            await mcp.stop()
             reaper.cancel()
             state.shutdown()
             executor.shutdown(wait=False, cancel_futures=True)
@@ -85,6 +91,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     if config.expose_oracle:
         app.include_router(oracle_router)
     install_error_handlers(app)
+    app.router.routes.append(Route("/episodes/{episode_id}/mcp", mcp, methods=["GET", "POST", "DELETE"]))
     app.add_middleware(FrontDoor, limit=config.max_body_bytes, state=state)
     return app
 
@@ -101,7 +108,11 @@ def serve(
     # shorter GIL switch interval (default 5 ms) cuts the wait at each hand-off under load.
     sys.setswitchinterval(0.001)
     app = create_app(config)
-    print(f"agentrl env server: serving {config.env_ids} on http://{host}:{port} (docs at /docs)", flush=True)
+    print(
+        f"agentrl env server: serving {config.env_ids} on http://{host}:{port} (docs at /docs; "
+        "each episode's tools over MCP at /episodes/{id}/mcp)",
+        flush=True,
+    )
     uvicorn.run(
         app,
         host=host,

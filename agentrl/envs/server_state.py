@@ -39,6 +39,13 @@ def _dump(messages: list[Message]) -> list[dict[str, Any]]:
     return [m.model_dump(exclude_none=True) for m in messages]
 
 
+def _build(env_id: str, kwargs: dict[str, Any]) -> Env:
+    """Make the env and read its tools once, off the event loop (an MCP-backed env connects here)."""
+    env = make(env_id, **kwargs)
+    env.tools  # noqa: B018
+    return env
+
+
 def _native(env: Env, name: str) -> bool:
     """True when the env overrides ``areset``/``astep`` with its own async code."""
     return getattr(type(env), name) is not getattr(Env, name)
@@ -52,6 +59,7 @@ class Episode:
     status: Literal["created", "running", "done", "failed"] = "created"
     infra_error: str | None = None
     busy: bool = False
+    episode_return: float = 0.0
     last_used: float = field(default_factory=time.monotonic)
 
     def info(self) -> dict[str, Any]:
@@ -64,6 +72,7 @@ class Episode:
             "reward_range": list(self.env.reward_range),
             "tools": [t.model_dump(exclude_none=True) for t in self.env.tools],
             "infra_error": self.infra_error,
+            "episode_return": self.episode_return,
         }
 
     def refuse_if_failed(self) -> None:
@@ -167,7 +176,7 @@ class ServerState:
             )
         self.pending += 1  # holds a slot while the env is built, so concurrent creates respect the cap
         try:
-            env = await asyncio.wait_for(asyncio.to_thread(make, env_id, **body.kwargs), timeout_s)
+            env = await asyncio.wait_for(asyncio.to_thread(_build, env_id, body.kwargs), timeout_s)
         except TimeoutError:
             raise EnvHTTPError(
                 504, f"building {env_id!r} exceeded the {timeout_s:g} s deadline", "timeout"
@@ -242,7 +251,7 @@ class ServerState:
             messages, info = await self.run(
                 ep, "reset", lambda: self.workers().submit(env.reset, seed=seed, options=options)
             )
-        ep.status = "running"
+        ep.status, ep.episode_return = "running", 0.0
         self.counters["resets"] += 1
         return {"messages": _dump(messages), "info": info}
 
@@ -271,6 +280,7 @@ class ServerState:
         messages, reward, terminated, truncated, info = result
         if terminated or truncated:
             ep.status = "done"
+        ep.episode_return += reward
         self.counters["steps"] += 1
         return {
             "messages": _dump(messages),

@@ -87,6 +87,9 @@ class EpisodeInfo(_Body):
     reward_range: tuple[float, float]
     tools: list[ToolSpec]
     infra_error: str | None = None
+    episode_return: float = pydantic.Field(
+        0.0, description="sum of the rewards of this episode's steps so far"
+    )
 
 
 class ResetRequest(_Body):

@@ -21,9 +21,9 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 
 import pydantic
 
@@ -31,6 +31,9 @@ from agentrl.envs.core import Env, StepResult
 from agentrl.envs.errors import EnvInfraError, RegistrationError, ToolError
 from agentrl.envs.rubric import Rubric
 from agentrl.types import FunctionSpec, Message, ToolCall, ToolSpec
+
+if TYPE_CHECKING:
+    from agentrl.envs.mcp_tools import MCPServer, MCPToolset
 
 __all__ = ["Tool", "ToolEnv", "tool", "tool_spec"]
 
@@ -157,11 +160,17 @@ class ToolEnv(Env):
     scored), and may call :meth:`finish` to end the episode with a reward. Any
     other exception in a tool is reported to the model as an error. Per
     episode, ``info`` carries ``tool_calls`` and ``tool_errors`` counts.
+
+    ``mcp_servers`` adds the tools of MCP servers (:mod:`agentrl.envs.mcp_tools`): they are
+    listed and called like ``@tool`` methods; ``close()`` gives their connections back.
     """
 
     max_turns = 8
     _tool_table: dict[str, Tool]
     _finished: tuple[float, dict[str, Any]] | None = None
+    mcp_servers: Sequence[MCPServer] = ()
+    """MCP servers whose tools this env offers too (``MCPServer(command=[...])`` or ``MCPServer(url=...)``)."""
+    _mcp: MCPToolset | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -177,7 +186,21 @@ class ToolEnv(Env):
 
     @property
     def tools(self) -> list[ToolSpec]:
-        return [t.spec for t in self._tool_table.values()]
+        own = [t.spec for t in self._tool_table.values()]
+        return own + self._mcp_tools().specs if self.mcp_servers else own
+
+    def _mcp_tools(self) -> MCPToolset:
+        if self._mcp is None:
+            from agentrl.envs.mcp_tools import attach
+
+            self._mcp = attach(self, self.mcp_servers, set(self._tool_table))
+        return self._mcp
+
+    def close(self) -> None:
+        """Give back this env's MCP connections (a no-op without ``mcp_servers``)."""
+        if self._mcp is not None:
+            self._mcp.close()
+        super().close()
 
     rubric: Rubric | None = None
     """If set, the default ``answer`` scores the final message with it."""
@@ -203,6 +226,8 @@ class ToolEnv(Env):
         self._finished = None
         self.tool_calls = 0
         self.tool_errors = 0
+        if self.mcp_servers:
+            self._mcp_tools().begin_episode()
         return super().reset(seed=seed, options=options)
 
     def _step(self, action: Message) -> StepResult:
@@ -216,15 +241,24 @@ class ToolEnv(Env):
         return StepResult(replies, 0.0, False, False, self._counts({}))
 
     def _counts(self, info: dict[str, Any]) -> dict[str, Any]:
-        return {**info, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
+        mcp = dict(self._mcp.counts) if self._mcp is not None else {}
+        return {**info, **mcp, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}
 
     def _call(self, call: ToolCall) -> Message:
         self.tool_calls += 1
         name = call.function.name
         try:
             t = self._tool_table.get(name)
+            if t is None and self._mcp is not None and name in self._mcp.routes:
+                content, is_error = self._mcp.call(call)  # EnvInfraError when the server failed
+                if is_error:
+                    raise ToolError(content)
+                return Message(role="tool", tool_call_id=call.id, name=name, content=content)
             if t is None:
-                known = ", ".join(sorted(self._tool_table)) or "(none)"
+                known = (
+                    ", ".join(sorted([*self._tool_table, *(self._mcp.routes if self._mcp else ())]))
+                    or "(none)"
+                )
                 raise ToolError(f"unknown tool {name!r}; available tools: {known}")
             try:
                 raw = json.loads(call.function.arguments or "{}")

@@ -7,7 +7,7 @@ import pytest
 import agentrl.envs as envs
 from agentrl.envs.checker import check_env
 
-SHIPPED = {"countdown-v0", "calculator-v0", "guess-number-v0", "frozenlake-v0"}
+SHIPPED = {"countdown-v0", "calculator-v0", "guess-number-v0", "frozenlake-v0", "shop-v0"}
 
 
 def test_shipped_envs_are_registered_and_load_cleanly() -> None:
