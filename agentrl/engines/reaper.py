@@ -8,8 +8,10 @@ The owner holds the write end of this program's stdin. The server starts in a se
 its own (a new process group, which every process it spawns inherits: vLLM's engine core and
 workers too). When stdin reaches EOF — the owner closed it to stop the server, or died, even
 by ``kill -9`` — or on SIGTERM/SIGINT, the group gets SIGTERM, then SIGKILL after
-``GRACE_S``. When the server exits by itself, so does this program, with its exit code.
-Standard library only.
+``GRACE_S``. If this program itself is killed with SIGKILL (a whole process tree killed at
+once, as Ray does to a dead actor's), the kernel kills the server with it (Linux: the
+server's parent-death signal). When the server exits by itself, so does this program, with
+its exit code. Standard library only.
 """
 
 from __future__ import annotations
@@ -41,12 +43,23 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         return
 
 
+def _die_with_parent() -> None:
+    """In the server, before exec: SIGKILL when this reaper dies (Linux ``PR_SET_PDEATHSIG``)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") == len(argv) - 1:
         print("usage: python -m agentrl.engines.reaper -- CMD ARGS...", file=sys.stderr)
         return 2
     cmd = argv[argv.index("--") + 1 :]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent
+    )
     stop = threading.Event()
 
     def watch_owner() -> None:

@@ -340,3 +340,41 @@ def test_serve_engine_rejects_bad_flags_before_loading(capsys: pytest.CaptureFix
     assert "--port must be in 0..65535, got 70000" in capsys.readouterr().err
     assert main(["serve-engine", "--model", "no-such-model"]) == 1
     assert "unknown model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_a_server_dies_with_its_reaper_even_when_the_reaper_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the guardian itself (as when a whole process tree is killed at once) takes the
+    server with it: nothing is left holding the port."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    port = free_port()
+    script = (
+        "import http.server, socketserver\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        f"socketserver.TCPServer(('127.0.0.1', {port}), H).serve_forever()\n"
+    )
+    srv = launch_server([sys.executable, "-c", script], f"http://127.0.0.1:{port}", startup_timeout_s=60,
+                        log_path=tmp_path / "server.log")  # fmt: skip
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True, timeout=30).stdout
+    child = next(int(p) for p, pp in (line.split() for line in ps.splitlines()) if int(pp) == srv.process.pid)
+    os.kill(srv.process.pid, signal.SIGKILL)
+    srv.process.wait(10)
+
+    def running(pid: int) -> bool:  # a zombie (nobody reaps it here) has stopped running
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            return False
+        return state not in ("Z", "X")
+
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if running(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the server outlived its reaper")
