@@ -1,0 +1,349 @@
+"""The three dialects on one ledger, driven by the real openai and anthropic SDKs over HTTP.
+
+A scripted engine writes the model's replies (tool calls in the family's format) so each test
+knows the exact tokens sampled; the trajectory must be those tokens, with loss mask 1 exactly
+on them and their logprobs, whatever dialect asked for the turn.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from scripted import ScriptedEngine
+
+from agentrl.httpkit import BackgroundServer
+from agentrl.session.manager import SessionManager
+from agentrl.session.server import create_app
+from agentrl.types import Trajectory
+
+MODEL = "tiny-qwen2.5"
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CHAT_TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "description": "weather", "parameters": SCHEMA}}
+]
+RESP_TOOLS: list[Any] = [
+    {"type": "function", "name": "get_weather", "description": "weather", "parameters": SCHEMA}
+]
+ANTH_TOOLS: list[Any] = [{"name": "get_weather", "description": "weather", "input_schema": SCHEMA}]
+
+
+@pytest.fixture(scope="module")
+def server(tokenizers: Any) -> Iterator[tuple[str, ScriptedEngine, SessionManager]]:
+    tok = tokenizers[MODEL]
+    eng = ScriptedEngine(tok)
+    sm = SessionManager(tok, eng, model_name=MODEL)
+    with BackgroundServer(create_app(sm, audit=True)) as srv:
+        yield srv.url, eng, sm
+
+
+def open_session(url: str) -> dict[str, Any]:
+    r = httpx.post(f"{url}/sessions", timeout=10)
+    assert r.status_code == 201
+    out: dict[str, Any] = r.json()
+    assert out["api_key"].startswith("sk-agentrl-") and out["base_url"] == f"/sessions/{out['id']}/v1"
+    return out
+
+
+def trajectories(url: str, s: dict[str, Any]) -> list[Trajectory]:
+    r = httpx.get(f"{url}/sessions/{s['id']}/trajectories", headers={"x-api-key": s["api_key"]}, timeout=10)
+    assert r.status_code == 200, r.text
+    return [Trajectory.model_validate(t) for t in r.json()["trajectories"]]
+
+
+def check_exact(traj: Trajectory, eng: ScriptedEngine, first: int) -> None:
+    """Prompts extend each other; the trajectory is the last prompt + sample; mask/logprobs on samples only."""
+    prompts, outputs = eng.prompts[first:], eng.outputs[first:]
+    assert len(traj.turn_spans) == len(outputs)
+    for k in range(1, len(prompts)):
+        assert prompts[k][: len(prompts[k - 1]) + len(outputs[k - 1])] == prompts[k - 1] + outputs[k - 1]
+    assert traj.token_ids == prompts[-1] + outputs[-1]
+    mask = [0] * len(traj.token_ids)
+    for span, out in zip(traj.turn_spans, outputs, strict=True):
+        assert traj.token_ids[span.start : span.end] == out
+        mask[span.start : span.end] = [1] * len(out)
+        assert traj.rollout_logprobs[span.start : span.end] == pytest.approx(
+            [-0.25 - 0.001 * i for i in range(len(out))]
+        )
+    assert traj.loss_mask == mask
+    assert all(lp == 0.0 for lp, m in zip(traj.rollout_logprobs, mask, strict=True) if not m)
+    assert traj.metrics["tito/audit/unexplained"] == 0
+
+
+def oai(url: str, s: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + s["base_url"], api_key=s["api_key"], max_retries=0, timeout=30)
+
+
+def anth(url: str, s: dict[str, Any]) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=url + s["anthropic_base_url"], api_key=s["api_key"], max_retries=0, timeout=30
+    )
+
+
+# ----------------------------------------------------------------------------------------- Responses
+
+
+def test_responses_function_call_round_trip_is_one_exact_segment(server: Any) -> None:
+    url, eng, _ = server
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push("Let me look.\n" + CALL)
+    eng.push("Oslo is sunny.")
+    client = oai(url, s)
+    r1 = client.responses.create(
+        model=MODEL, instructions="You are a weather bot.", input="Weather in Oslo?", tools=RESP_TOOLS
+    )
+    kinds = [o.type for o in r1.output]
+    assert kinds == ["message", "function_call"] and r1.status == "completed"
+    call = r1.output[1]
+    assert (
+        call.type == "function_call"
+        and call.name == "get_weather"
+        and json.loads(call.arguments) == {"city": "Oslo"}
+    )
+    assert r1.output_text == "Let me look."
+    assert r1.usage is not None and r1.usage.output_tokens == len(eng.outputs[first])
+    history: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}]
+    history += [o.model_dump(exclude_none=True) for o in r1.output]  # echoed as agents do
+    history.append({"type": "function_call_output", "call_id": call.call_id, "output": "sunny"})
+    r2 = client.responses.create(
+        model=MODEL, instructions="You are a weather bot.", input=history, tools=RESP_TOOLS
+    )
+    assert r2.output_text == "Oslo is sunny." and [o.type for o in r2.output] == ["message"]
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+
+
+def test_responses_previous_response_id_continues_the_same_segment(server: Any) -> None:
+    url, eng, _ = server
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push(CALL)
+    eng.push("It is sunny.")
+    client = oai(url, s)
+    r1 = client.responses.create(model=MODEL, input="Oslo?", tools=RESP_TOOLS, store=True)
+    [call] = [o for o in r1.output if o.type == "function_call"]
+    r2 = client.responses.create(
+        model=MODEL,
+        previous_response_id=r1.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=RESP_TOOLS,
+    )
+    assert r2.output_text == "It is sunny." and r2.previous_response_id == r1.id
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+    with pytest.raises(openai.UnprocessableEntityError, match="previous_response_id"):
+        client.responses.create(model=MODEL, previous_response_id="resp_nope", input="again")
+
+
+def test_responses_stream_sends_openai_events_and_records_the_same_tokens(server: Any) -> None:
+    url, eng, _ = server
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push("Checking.\n" + CALL)
+    client = oai(url, s)
+    events = list(client.responses.create(model=MODEL, input="Oslo?", tools=RESP_TOOLS, stream=True))
+    types = [e.type for e in events]
+    assert types[:2] == ["response.created", "response.in_progress"] and types[-1] == "response.completed"
+    assert "response.output_text.delta" in types and "response.function_call_arguments.delta" in types
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response  # type: ignore[union-attr]
+    assert text == "Checking." == final.output_text
+    [call] = [o for o in final.output if o.type == "function_call"]
+    assert json.loads(call.arguments) == {"city": "Oslo"}
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+
+
+# ----------------------------------------------------------------------------------------- Anthropic
+
+
+def test_anthropic_messages_tool_loop_is_one_exact_segment(server: Any) -> None:
+    url, eng, _ = server
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push("I will check.\n" + CALL)
+    eng.push("Sunny in Oslo.")
+    client = anth(url, s)
+    msgs: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}]
+    m1 = client.messages.create(
+        model=MODEL, max_tokens=100, system="Weather bot.", messages=msgs, tools=ANTH_TOOLS
+    )
+    assert m1.stop_reason == "tool_use" and [b.type for b in m1.content] == ["text", "tool_use"]
+    use = m1.content[1]
+    assert use.type == "tool_use" and use.name == "get_weather" and use.input == {"city": "Oslo"}
+    assert m1.usage.output_tokens == len(eng.outputs[first])
+    assert m1.usage.input_tokens == len(eng.prompts[first])
+    msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m1.content]})
+    msgs.append(
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}
+    )
+    m2 = client.messages.create(
+        model=MODEL, max_tokens=100, system="Weather bot.", messages=msgs, tools=ANTH_TOOLS
+    )
+    assert (
+        m2.stop_reason == "end_turn"
+        and m2.content[0].type == "text"
+        and m2.content[0].text == "Sunny in Oslo."
+    )
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+
+
+def test_anthropic_stream_and_stop_reasons(server: Any) -> None:
+    url, eng, _ = server
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push("On it.\n" + CALL)
+    client = anth(url, s)
+    with client.messages.stream(
+        model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "Oslo?"}], tools=ANTH_TOOLS
+    ) as stream:
+        types = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert types[0] == "message_start" and types[-1] == "message_stop"
+    assert "content_block_delta" in types and types.count("content_block_start") == 2
+    assert final.stop_reason == "tool_use" and [b.type for b in final.content] == ["text", "tool_use"]
+    assert final.content[0].text == "On it." and final.content[1].input == {"city": "Oslo"}  # type: ignore[union-attr]
+    assert final.usage.output_tokens == len(eng.outputs[first])
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+    # stop sequences and length, in Anthropic's words
+    eng.push("alpha STOP beta")
+    m = client.messages.create(
+        model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "x"}], stop_sequences=["STOP"]
+    )
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == "STOP" and m.content[0].text == "alpha "  # type: ignore[union-attr]
+    eng.push("one two three four five six", stop=False)
+    m = client.messages.create(model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "y"}])
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
+
+
+# ----------------------------------------------------------------------------------------- one ledger
+
+
+def test_switching_dialects_mid_episode_keeps_one_exact_segment(server: Any) -> None:
+    url, eng, _ = server
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push(CALL)
+    eng.push("It is sunny; anything else?")
+    eng.push("Bye.")
+    chat = oai(url, s).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Oslo?"}], tools=CHAT_TOOLS
+    )
+    [tc] = chat.choices[0].message.tool_calls or []
+    m = anth(url, s).messages.create(
+        model=MODEL,
+        max_tokens=64,
+        tools=ANTH_TOOLS,
+        messages=[
+            {"role": "user", "content": "Oslo?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": tc.id, "name": "get_weather", "input": {"city": "Oslo"}}
+                ],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tc.id, "content": "sunny"}]},
+        ],
+    )
+    assert m.content[0].text == "It is sunny; anything else?"  # type: ignore[union-attr]
+    r = oai(url, s).responses.create(
+        model=MODEL,
+        tools=RESP_TOOLS,
+        input=[
+            {"role": "user", "content": "Oslo?"},
+            {
+                "type": "function_call",
+                "call_id": tc.id,
+                "name": "get_weather",
+                "arguments": '{"city": "Oslo"}',
+            },
+            {"type": "function_call_output", "call_id": tc.id, "output": "sunny"},
+            {
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "It is sunny; anything else?"}],
+            },
+            {"role": "user", "content": "No, thanks."},
+        ],
+    )
+    assert r.output_text == "Bye."
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+
+
+def test_a_compacted_history_becomes_a_second_segment_of_the_episode(server: Any) -> None:
+    url, eng, sm = server
+    s = open_session(url)
+    eng.push("First answer.")
+    eng.push("Second answer.")
+    client = anth(url, s)
+    client.messages.create(model=MODEL, max_tokens=32, messages=[{"role": "user", "content": "long task"}])
+    before = sm.metrics()["tito/divergences"]
+    client.messages.create(  # the agent replaced its history by a summary
+        model=MODEL,
+        max_tokens=32,
+        messages=[{"role": "user", "content": "summary so far: one answer. go on"}],
+    )
+    trajs = trajectories(url, s)
+    assert [t.segment for t in trajs] == [0, 1] and all(t.episode_id == s["id"] for t in trajs)
+    assert sm.metrics()["tito/divergences"] == before + 1
+
+
+# ----------------------------------------------------------------------------------------- openai-agents
+
+
+@pytest.mark.parametrize(("api", "streamed"), [("responses", False), ("responses", True), ("chat", True)])
+def test_openai_agents_runner_with_a_function_tool(server: Any, api: str, streamed: bool) -> None:
+    import asyncio
+
+    import agents
+
+    url, eng, _ = server
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push(CALL)
+    eng.push("The weather in Oslo is sunny.")
+    seen: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        seen.append(city)
+        return "sunny"
+
+    async def run() -> Any:
+        agents.set_tracing_disabled(True)
+        client = openai.AsyncOpenAI(
+            base_url=url + s["base_url"], api_key=s["api_key"], max_retries=0, timeout=30
+        )
+        model: Any = (
+            agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+            if api == "responses"
+            else agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client)
+        )
+        agent = agents.Agent(
+            name="weather", instructions="Answer weather questions.", tools=[get_weather], model=model
+        )
+        try:
+            if not streamed:
+                return await agents.Runner.run(agent, "Weather in Oslo?", max_turns=4)
+            run = agents.Runner.run_streamed(agent, "Weather in Oslo?", max_turns=4)
+            async for _ in run.stream_events():
+                pass
+            return run
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert seen == ["Oslo"] and result.final_output == "The weather in Oslo is sunny."
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
