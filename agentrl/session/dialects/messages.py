@@ -189,7 +189,9 @@ def messages_turn(req: MessagesRequest, default_max: int) -> TurnArgs:
     tools = None
     if req.tools:
         tools = [
-            ToolSpec(function=FunctionSpec(name=t.name, description=t.description, parameters=t.input_schema))
+            ToolSpec(
+                function=FunctionSpec(name=t.name, description=t.description or "", parameters=t.input_schema)
+            )
             for t in req.tools
         ]
     return TurnArgs(

@@ -134,7 +134,7 @@ class FunctionTool(_In):
     def spec(self) -> ToolSpec:
         params = self.parameters or {"type": "object", "properties": {}}
         return ToolSpec(
-            function=FunctionSpec(name=self.name, description=self.description, parameters=params)
+            function=FunctionSpec(name=self.name, description=self.description or "", parameters=params)
         )
 
 
