@@ -112,7 +112,7 @@ def _serve(args: argparse.Namespace) -> int:
     print(
         f"agentrl serve-session: model {args.model} (family {manager.family.name}) on "
         f"http://{args.host}:{args.port}; POST /sessions, then use /sessions/{{id}}/v1 as an OpenAI base_url "
-        "(/sessions/{{id}} for Anthropic) and its api_key as the key",
+        "(/sessions/{id} for Anthropic) and its api_key as the key",
         flush=True,
     )
     try:
