@@ -88,7 +88,8 @@ def test_another_sessions_key_is_refused_and_nothing_is_recorded(gateway: Any) -
 def test_required_keys_lock_out_clients_without_one(gateway: Any) -> None:
     url, eng, required = gateway
     s = session(url)
-    eng.push("ok")
+    if not required:  # a refused turn pops no reply
+        eng.push("ok")
     anonymous = openai.OpenAI(base_url=url + s["base_url"], api_key="unused", max_retries=0)
     if required:
         with pytest.raises(openai.AuthenticationError, match="needs its key"):
@@ -112,3 +113,22 @@ def test_a_request_naming_no_session_is_a_400_that_says_how(gateway: Any) -> Non
         f"{url}/v1/messages", json={"messages": HI, "max_tokens": 4}, headers={"X-Session-ID": "nope"}
     )
     assert r.status_code == 404 and r.json()["type"] == "error" and "nope" in r.json()["error"]["message"]
+
+
+def test_the_python_client_sends_each_sessions_key(gateway: Any) -> None:
+    from agentrl.session import SessionClient
+    from agentrl.session.errors import SessionKeyError
+    from agentrl.types import Message
+
+    url, eng, required = gateway
+    eng.push("fine")
+    with SessionClient(url) as client:
+        sid = client.create()
+        reply = client.chat(sid, [Message(role="user", content="hi")])
+        assert reply.content == "fine"
+        assert [t.num_turns for t in client.trajectories(sid)] == [1]
+        assert len(client.delete(sid)) == 1
+    other = session(url)
+    if required:
+        with SessionClient(url) as stranger, pytest.raises(SessionKeyError, match="needs its key"):
+            stranger.trajectories(other["id"])
