@@ -296,6 +296,7 @@ class SessionManager:
         is committed then; the turn can be retried).
         """
         sess, kwargs, tools = self._check_turn(session_id, messages, tools, template_kwargs)
+        sampling = self.turn_sampling(session_id, sampling)
         async with sess.lock:
             appended, reason, input_ids, prompt_add = self._begin(sess, messages, tools, kwargs)
             gen = await self._generate(session_id, input_ids, self._sampling(sampling))
@@ -325,6 +326,7 @@ class SessionManager:
         rejects the prompt.
         """
         sess, kwargs, tools = self._check_turn(session_id, messages, tools, template_kwargs)
+        sampling = self.turn_sampling(session_id, sampling)
         async with sess.lock:
             appended, reason, input_ids, prompt_add = self._begin(sess, messages, tools, kwargs)
             gen: Generation | None = None
@@ -358,6 +360,16 @@ class SessionManager:
             )
             res.prompt_tokens = len(input_ids)
             yield res
+
+    def turn_sampling(self, session_id: str, sampling: SamplingParams | None) -> SamplingParams | None:
+        """The sampling one turn of ``session_id`` runs with, streamed or not: the request's here.
+
+        Called once per turn by :meth:`chat_completion` and :meth:`chat_stream`, so a subclass
+        that pins a session's sampling (a trainer driving a black-box agent) overrides this one
+        method and covers every dialect, streamed or not.
+        """
+        del session_id
+        return sampling
 
     def _check_turn(
         self,

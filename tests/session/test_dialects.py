@@ -8,7 +8,7 @@ on them and their logprobs, whatever dialect asked for the turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anthropic
@@ -17,10 +17,11 @@ import openai
 import pytest
 from scripted import ScriptedEngine
 
+from agentrl.engines.protocol import Generation, TokenDelta
 from agentrl.httpkit import BackgroundServer
 from agentrl.session.manager import SessionManager
 from agentrl.session.server import create_app
-from agentrl.types import Trajectory
+from agentrl.types import SamplingParams, Trajectory
 
 MODEL = "tiny-qwen2.5"
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
@@ -34,13 +35,44 @@ RESP_TOOLS: list[Any] = [
 ANTH_TOOLS: list[Any] = [{"name": "get_weather", "description": "weather", "input_schema": SCHEMA}]
 
 
-@pytest.fixture(scope="module")
-def server(tokenizers: Any) -> Iterator[tuple[str, ScriptedEngine, SessionManager]]:
-    tok = tokenizers[MODEL]
-    eng = ScriptedEngine(tok)
-    sm = SessionManager(tok, eng, model_name=MODEL)
+class StreamingScripted(ScriptedEngine):
+    """The scripted engine, streaming its reply one token per delta (as the embedded engine does)."""
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenDelta | Generation]:
+        gen = await self.generate(input_ids, sampling, request_id=request_id)
+        for t, lp in zip(gen.output_ids, gen.logprobs, strict=True):
+            yield TokenDelta([t], [lp])
+        yield gen
+
+
+class PinnedManager(SessionManager):
+    """A manager that caps every turn at ``cap`` new tokens, whatever the request asks (a pinned session)."""
+
+    cap: int | None = None
+
+    def turn_sampling(self, session_id: str, sampling: SamplingParams | None) -> SamplingParams | None:
+        if self.cap is None or sampling is None:
+            return sampling
+        return sampling.model_copy(update={"max_new_tokens": min(self.cap, sampling.max_new_tokens)})
+
+
+def serve(tok: Any, model: str) -> Iterator[tuple[str, StreamingScripted, PinnedManager]]:
+    eng = StreamingScripted(tok)
+    sm = PinnedManager(tok, eng, model_name=model)
     with BackgroundServer(create_app(sm, audit=True)) as srv:
         yield srv.url, eng, sm
+
+
+@pytest.fixture(scope="module")
+def server(tokenizers: Any) -> Iterator[tuple[str, StreamingScripted, PinnedManager]]:
+    yield from serve(tokenizers[MODEL], MODEL)
+
+
+@pytest.fixture(scope="module")
+def reasoner(tokenizers: Any) -> Iterator[tuple[str, StreamingScripted, PinnedManager]]:
+    yield from serve(tokenizers["tiny-qwen3"], "tiny-qwen3")
 
 
 def open_session(url: str) -> dict[str, Any]:
@@ -347,3 +379,124 @@ def test_openai_agents_runner_with_a_function_tool(server: Any, api: str, stream
     assert seen == ["Oslo"] and result.final_output == "The weather in Oslo is sunny."
     [traj] = trajectories(url, s)
     check_exact(traj, eng, first)
+
+
+# ----------------------------------------------------------------------------------------- reasoning, streamed
+
+
+THOUGHT = "<think>\nI should call the tool.\n</think>\n\nLet me check."
+
+
+def test_reasoning_streams_in_each_dialects_own_blocks_and_round_trips(reasoner: Any) -> None:
+    url, eng, _ = reasoner
+    model = "tiny-qwen3"
+    # Chat: reasoning_content deltas, content deltas, the call
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push(THOUGHT + "\n" + CALL)
+    eng.push("Sunny.")
+    chunks = list(
+        oai(url, s).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Oslo?"}], tools=CHAT_TOOLS, stream=True
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    content = "".join(d.content or "" for d in deltas)
+    assert reasoning == "I should call the tool." and content == "Let me check."
+    assert sum(1 for d in deltas if getattr(d, "reasoning_content", None)) > 1  # streamed, not at the end
+    assert all("<tool_call>" not in (d.content or "") for d in deltas)  # the call's markup never leaks
+    [call] = [tc for d in deltas for tc in d.tool_calls or [] if tc.id]
+    history: list[Any] = [
+        {"role": "user", "content": "Oslo?"},
+        {
+            "role": "assistant",
+            "content": content,
+            "reasoning_content": reasoning,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    oai(url, s).chat.completions.create(model=model, messages=history, tools=CHAT_TOOLS)
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+
+    # Responses: a reasoning item, then the message, then the call; echoed back, one segment
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push(THOUGHT + "\n" + CALL)
+    eng.push("Sunny.")
+    events = list(oai(url, s).responses.create(model=model, input="Oslo?", tools=RESP_TOOLS, stream=True))
+    final = events[-1].response  # type: ignore[union-attr]
+    assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]
+    assert sum(1 for e in events if e.type == "response.reasoning_text.delta") > 1
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    assert added == ["reasoning", "message", "function_call"]
+    assert final.output[0].content[0].text == "I should call the tool."
+    inp: list[Any] = [
+        {"role": "user", "content": "Oslo?"},
+        *[o.model_dump(exclude_none=True) for o in final.output],
+    ]
+    inp.append({"type": "function_call_output", "call_id": final.output[2].call_id, "output": "sunny"})
+    assert oai(url, s).responses.create(model=model, input=inp, tools=RESP_TOOLS).output_text == "Sunny."
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+
+    # Anthropic: thinking, text and tool_use blocks; echoed back, one segment
+    s = open_session(url)
+    first = len(eng.prompts)
+    eng.push(THOUGHT + "\n" + CALL)
+    eng.push("Sunny.")
+    with anth(url, s).messages.stream(
+        model=model, max_tokens=100, messages=[{"role": "user", "content": "Oslo?"}], tools=ANTH_TOOLS
+    ) as st:
+        kinds = [e.delta.type for e in st if e.type == "content_block_delta"]
+        msg = st.get_final_message()
+    assert [b.type for b in msg.content] == ["thinking", "text", "tool_use"]
+    assert kinds.count("thinking_delta") > 1 and kinds.count("text_delta") > 1
+    assert msg.content[0].thinking == "I should call the tool." and msg.content[1].text == "Let me check."  # type: ignore[union-attr]
+    msgs: list[Any] = [
+        {"role": "user", "content": "Oslo?"},
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": msg.content[2].id, "content": "sunny"}],
+        },  # type: ignore[union-attr]
+    ]
+    m2 = anth(url, s).messages.create(model=model, max_tokens=100, messages=msgs, tools=ANTH_TOOLS)
+    assert m2.content[0].text == "Sunny."  # type: ignore[union-attr]
+    [traj] = trajectories(url, s)
+    check_exact(traj, eng, first)
+
+
+@pytest.mark.parametrize("route", ["chat", "responses", "messages"])
+def test_a_pinned_sampling_applies_to_streamed_turns_too(server: Any, route: str) -> None:
+    url, eng, sm = server
+    s = open_session(url)
+    eng.push("one two three four five six seven eight", stop=False)
+    sm.cap = 3
+    try:
+        if route == "chat":
+            out = list(
+                oai(url, s).chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=50, stream=True
+                )
+            )
+            assert out[-1].choices[0].finish_reason == "length"
+        elif route == "responses":
+            ev = list(oai(url, s).responses.create(model=MODEL, input="x", max_output_tokens=50, stream=True))
+            assert ev[-1].type == "response.incomplete"
+        else:
+            with anth(url, s).messages.stream(
+                model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "x"}]
+            ) as st:
+                assert st.get_final_message().stop_reason == "max_tokens"
+    finally:
+        sm.cap = None
+    assert len(eng.outputs[-1]) == 3
