@@ -42,9 +42,15 @@ class StreamingScripted(ScriptedEngine):
         self, input_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
     ) -> AsyncIterator[TokenDelta | Generation]:
         gen = await self.generate(input_ids, sampling, request_id=request_id)
-        for t, lp in zip(gen.output_ids, gen.logprobs, strict=True):
+        for i, (t, lp) in enumerate(zip(gen.output_ids, gen.logprobs, strict=True)):
+            if i == 2 and self.fail_mid is not None:
+                e, self.fail_mid = self.fail_mid, None
+                raise e
             yield TokenDelta([t], [lp])
         yield gen
+
+    fail_mid: Exception | None = None
+    """Raised after the first two tokens of the next streamed reply (an engine dying mid-turn)."""
 
 
 class PinnedManager(SessionManager):
@@ -500,3 +506,38 @@ def test_a_pinned_sampling_applies_to_streamed_turns_too(server: Any, route: str
     finally:
         sm.cap = None
     assert len(eng.outputs[-1]) == 3
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "responses", "messages"])
+def test_an_engine_failure_mid_stream_is_an_error_event_and_nothing_is_committed(
+    server: Any, route: str
+) -> None:
+    url, eng, sm = server
+    s = open_session(url)
+    eng.push("a long enough reply for the engine to fail in the middle of it")
+    eng.fail_mid = RuntimeError("GPU fell off the bus")
+    body: dict[str, Any] = {"stream": True, "max_tokens": 50}
+    body |= {"input": "x"} if route == "responses" else {"messages": [{"role": "user", "content": "x"}]}
+    if route == "responses":
+        del body["max_tokens"]
+    r = httpx.post(f"{url}/sessions/{s['id']}/v1/{route}", json=body, timeout=30)
+    assert r.status_code == 200  # the status line left with the first token
+    events = [
+        json.loads(line[5:])
+        for line in r.text.splitlines()
+        if line.startswith("data:") and line != "data: [DONE]"
+    ]
+    if route == "chat/completions":
+        err = events[-1]["error"]
+    elif route == "responses":
+        assert events[-2]["type"] == "error" and events[-1]["type"] == "response.failed"
+        err = events[-2]
+    else:
+        assert events[-1]["type"] == "error" and events[-1]["error"]["type"] == "api_error"
+        err = events[-1]["error"]
+    assert "GPU fell off the bus" in err["message"] and "nothing was recorded" in err["message"]
+    info = httpx.get(f"{url}/sessions/{s['id']}", timeout=10).json()
+    assert info["num_turns"] == 0 and info["num_tokens"] == 0
+    eng.push("recovered")
+    again = oai(url, s).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+    assert again.choices[0].message.content == "recovered"
