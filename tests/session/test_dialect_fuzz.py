@@ -117,6 +117,7 @@ def test_the_valid_bodies_are_served(server: str, route: str) -> None:
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", list(VALID))
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
