@@ -41,6 +41,9 @@ Layout: the routes are :mod:`agentrl.session.routes` (the weight endpoints
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -67,9 +70,26 @@ def _answer(
     return error_response(status, message, kind, param, code)
 
 
+def _is_branch(part: object) -> bool:
+    """A location part naming a union's branch (``str``, ``list[...]``, ``tagged-union[...]``), not a field."""
+    return isinstance(part, str) and (part in {"str", "int", "float", "bool", "list", "dict"} or "[" in part)
+
+
+def _field_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Validation errors located by field alone: union branches dropped from each location, and an
+    error about a field dropped when another one points inside it (``input`` is a list of items, so
+    "input is not a string" says less than "input.0.content: ...")."""
+    out = [{**e, "loc": tuple(p for p in e.get("loc", ()) if not _is_branch(p))} for e in errors]
+    return [
+        e
+        for e in out
+        if not any(len(o["loc"]) > len(e["loc"]) and o["loc"][: len(e["loc"])] == e["loc"] for o in out)
+    ]
+
+
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    msg, param = validation_message(exc.errors())
+    msg, param = validation_message(_field_errors(exc.errors()))
     return _answer(request, 422, msg, "invalid_request_error", param, None)
 
 

@@ -541,3 +541,44 @@ def test_an_engine_failure_mid_stream_is_an_error_event_and_nothing_is_committed
     eng.push("recovered")
     again = oai(url, s).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
     assert again.choices[0].message.content == "recovered"
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "says"),
+    [
+        (
+            "responses",
+            {"input": [{"type": "item_reference", "id": "x"}]},
+            "input.0: Input tag 'item_reference'",
+        ),
+        ("responses", {"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+        (
+            "responses",
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+            "input.0.message.content.0: Input tag 'input_image'",
+        ),
+        (
+            "messages",
+            {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            "messages.0.content.0: Input tag 'image'",
+        ),
+        (
+            "messages",
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+            },
+            "prefill",
+        ),
+        ("messages", {"messages": [{"role": "user", "content": "a"}], "mcp_servers": []}, "mcp_servers"),
+    ],
+)
+def test_what_agentrl_does_not_serve_is_a_422_naming_the_field(
+    server: Any, route: str, body: Any, says: str
+) -> None:
+    url, _, _ = server
+    s = open_session(url)
+    r = httpx.post(f"{url}{s['base_url']}/{route}", json=body, timeout=10)
+    assert r.status_code == 422
+    message = r.json()["error"]["message"]
+    assert says in message and ".str" not in message and "tagged-union" not in message
