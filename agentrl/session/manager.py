@@ -337,13 +337,19 @@ class SessionManager:
                 self._sampling(sampling),
                 request_id=f"{session_id}-{uuid.uuid4().hex[:8]}",
             )
+            # one deadline for the turn, checked at every wait for the engine, so it fires in here
+            # (the engine request is cancelled) and never in the stream reader's code
+            deadline = asyncio.get_running_loop().time() + self.engine_timeout_s
             try:
-                async with asyncio.timeout(self.engine_timeout_s):
-                    async for item in stream:
-                        if isinstance(item, TokenDelta):
-                            yield item
-                        else:
-                            gen = item
+                while gen is None:
+                    left = deadline - asyncio.get_running_loop().time()
+                    item = await asyncio.wait_for(anext(stream), max(left, 0.0))
+                    if isinstance(item, TokenDelta):
+                        yield item
+                    else:
+                        gen = item
+            except StopAsyncIteration:
+                pass
             except Exception as e:
                 raise self._engine_failure(session_id, input_ids, e) from e
             finally:

@@ -7,7 +7,9 @@ on them and their logprobs, whatever dialect asked for the turn.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -46,9 +48,14 @@ class StreamingScripted(ScriptedEngine):
             if i == 2 and self.fail_mid is not None:
                 e, self.fail_mid = self.fail_mid, None
                 raise e
+            if i == 2 and self.stall_mid:
+                self.stall_mid = False
+                await asyncio.sleep(60)
             yield TokenDelta([t], [lp])
         yield gen
 
+    stall_mid = False
+    """Hang after the first two tokens of the next streamed reply (an engine that stopped answering)."""
     fail_mid: Exception | None = None
     """Raised after the first two tokens of the next streamed reply (an engine dying mid-turn)."""
 
@@ -582,3 +589,23 @@ def test_what_agentrl_does_not_serve_is_a_422_naming_the_field(
     assert r.status_code == 422
     message = r.json()["error"]["message"]
     assert says in message and ".str" not in message and "tagged-union" not in message
+
+
+def test_an_engine_that_hangs_mid_stream_hits_the_turn_deadline(server: Any) -> None:
+    url, eng, sm = server
+    s = open_session(url)
+    eng.push("a reply long enough to hang in the middle of it")
+    eng.stall_mid, sm.engine_timeout_s = True, 1.0
+    try:
+        t0 = time.monotonic()
+        r = httpx.post(
+            f"{url}{s['base_url']}/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}], "stream": True},
+            timeout=30,
+        )
+        assert time.monotonic() - t0 < 20
+    finally:
+        sm.engine_timeout_s = 600.0
+    last = [line for line in r.text.splitlines() if line.startswith("data:")][-1]
+    assert "did not answer within 1s" in json.loads(last[5:])["error"]["message"]
+    assert httpx.get(f"{url}/sessions/{s['id']}", timeout=10).json()["num_turns"] == 0
