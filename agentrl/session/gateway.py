@@ -36,12 +36,14 @@ def authorize(request: Request, sm: SessionManager, session_id: str) -> None:
     key = presented_key(request)
     owner = sm.session_for_key(key) if key else None
     if owner is not None and owner != session_id:
+        sm.counters["tito/gateway/foreign_key"] += 1
         raise SessionKeyError(
             f"the API key belongs to session {owner!r}, not to session {session_id!r}; "
             "use the key POST /sessions returned for this session",
             403,
         )
     if request.app.state.require_session_keys and owner != session_id:
+        sm.counters["tito/gateway/missing_key"] += 1
         raise SessionKeyError(
             f"session {session_id!r} needs its key: pass the api_key POST /sessions returned as the "
             "client's API key (Authorization: Bearer KEY or x-api-key: KEY)",

@@ -83,6 +83,7 @@ def test_another_sessions_key_is_refused_and_nothing_is_recorded(gateway: Any) -
     assert httpx.get(f"{url}/sessions/{theirs['id']}/trajectories", headers=headers).status_code == 403
     assert httpx.delete(f"{url}/sessions/{theirs['id']}", headers=headers).status_code == 403
     assert turns(url, theirs) == 0
+    assert httpx.get(f"{url}/metrics").json()["tito/gateway/foreign_key"] >= 4
 
 
 def test_required_keys_lock_out_clients_without_one(gateway: Any) -> None:
