@@ -1,13 +1,13 @@
 """The session server's routes (the app is built in :mod:`agentrl.session.server`).
 
 Handlers are module-level and reach the :class:`~agentrl.session.manager.SessionManager`
-through ``app.state.manager`` (the :func:`manager` dependency); ``app.state.default_max_tokens``
-, ``app.state.audit`` and ``app.state.require_session_keys`` hold the server's settings. The three
+through ``app.state.manager`` (the :func:`manager` dependency); ``app.state.default_max_tokens``,
+``app.state.audit`` and ``app.state.require_session_keys`` hold the server's settings. The three
 dialects (Chat Completions, Responses, Messages; :mod:`agentrl.session.dialects`) run their turns
 on the same ledger through :func:`_turn`; :mod:`agentrl.session.gateway` decides which session a
 request names and whether its key may touch it. Errors are raised as
 :mod:`agentrl.session.errors` / :mod:`agentrl.engines.errors` classes and answered in OpenAI's
-body by the handlers :mod:`agentrl.session.server` installs.
+body (Anthropic's on ``/messages``) by the handlers :mod:`agentrl.session.server` installs.
 """
 
 from __future__ import annotations
