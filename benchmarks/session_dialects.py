@@ -137,9 +137,12 @@ def bench_ttft(sm: SessionManager, engine: Any, url: str, samples: int) -> dict[
 
     async def engine_first() -> float:
         t0 = time.perf_counter()
-        async for _ in stream_generate(engine, prompt, sp):
+        stream = stream_generate(engine, prompt, sp)
+        try:
+            await anext(stream)
             return time.perf_counter() - t0
-        raise RuntimeError("no token")
+        finally:
+            await stream.aclose()
 
     times: dict[str, list[float]] = {"engine": [], **{d: [] for d in DIALECTS}}
     loop = asyncio.new_event_loop()  # one loop for every engine sample: its start-up is not timed
