@@ -27,8 +27,11 @@ from agentrl.engines.protocol import (
     EngineCapabilities,
     FinishReason,
     Generation,
+    StreamingEngine,
+    TokenDelta,
     require_capability,
     run_sync,
+    stream_generate,
 )
 
 if TYPE_CHECKING:
@@ -55,11 +58,14 @@ __all__ = [
     "UnsupportedWeightUpdateError",
     "SGLangEngine",
     "SimulatedEngine",
+    "StreamingEngine",
+    "TokenDelta",
     "WeightUpdateError",
     "check_engine",
     "launch_sglang_server",
     "require_capability",
     "run_sync",
+    "stream_generate",
 ]
 
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import itertools
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from agentrl.engines.errors import (
     InvalidSamplingError,
     WeightUpdateError,
 )
-from agentrl.engines.protocol import EngineCapabilities, Generation, check_prompt
+from agentrl.engines.protocol import EngineCapabilities, Generation, TokenDelta, check_prompt
 from agentrl.engines.scheduler import Request, Scheduler
 from agentrl.engines.weights import StagedWeights, load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
@@ -182,8 +183,50 @@ class HFEngine:
             self._sched.abort(rid)
             raise
 
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenDelta | Generation]:
+        """Tokens as the engine thread samples them (batched per wake-up), then the Generation.
+
+        Bad input raises before anything is queued; closing or cancelling the iterator early
+        aborts the request (the engine frees its row at the next step).
+        """
+        rid = request_id or uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+
+        def post(item: tuple[int, float] | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the caller's loop is gone: nobody listens
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        fut = self._submit(input_ids, parse_sampling(sampling), rid, on_token=lambda t, lp: post((t, lp)))
+        fut.add_done_callback(lambda _: post(None))  # after every token: one thread posts both, in order
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                items = [item]
+                while item is not None and not queue.empty():
+                    item = queue.get_nowait()
+                    items.append(item)
+                toks = [x for x in items if x is not None]
+                if toks:
+                    yield TokenDelta([t for t, _ in toks], [lp for _, lp in toks])
+                if items[-1] is None:
+                    finished = True
+                    gen: Generation = await asyncio.wrap_future(fut)
+                    yield gen
+                    return
+        finally:
+            if not finished:
+                self._sched.abort(rid)
+
     def _submit(
-        self, input_ids: list[int], params: SamplingParams, rid: str
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        rid: str,
+        on_token: Callable[[int, float], None] | None = None,
     ) -> concurrent.futures.Future[Generation]:
         """Validate and enqueue a request (bad input raises here); the future resolves to its ``Generation``."""
         prompt = self._validate_prompt(input_ids, params)
@@ -191,7 +234,10 @@ class HFEngine:
         gen.manual_seed(params.seed if params.seed is not None else next(self._seeds))
         fut: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
-        self._sched.add(Request(rid, prompt, params, frozenset(params.stop_token_ids) | eos, gen, fut))
+        req = Request(
+            rid, prompt, params, frozenset(params.stop_token_ids) | eos, gen, fut, on_token=on_token
+        )
+        self._sched.add(req)
         return fut
 
     async def abort(self, request_id: str) -> bool:

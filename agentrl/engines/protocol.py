@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -58,10 +58,13 @@ __all__ = [
     "EngineCapabilities",
     "FinishReason",
     "Generation",
+    "StreamingEngine",
+    "TokenDelta",
     "WeightPath",
     "check_prompt",
     "require_capability",
     "run_sync",
+    "stream_generate",
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -87,6 +90,14 @@ class Generation:
     request_id: str = ""
     prompt_tokens: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TokenDelta:
+    """Tokens sampled since the previous delta of a streamed generation (``logprobs`` aligned)."""
+
+    output_ids: list[int]
+    logprobs: list[float]
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,37 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release this side's resources (threads, connections); a remote engine keeps running."""
         ...
+
+
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """An engine that yields tokens as it samples them (see the module docstring)."""
+
+    def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+    ) -> AsyncIterator[TokenDelta | Generation]:
+        """:class:`TokenDelta` items in sampling order, then the :class:`Generation` (its
+        ``output_ids`` are the deltas' concatenation); closing the iterator aborts the request."""
+        ...
+
+
+async def stream_generate(
+    engine: Engine, input_ids: list[int], sampling: SamplingParams, *, request_id: str | None = None
+) -> AsyncGenerator[TokenDelta | Generation, None]:
+    """Stream from any engine: its ``generate_stream`` if it has one, else one delta after ``generate``."""
+    if isinstance(engine, StreamingEngine):
+        stream = engine.generate_stream(input_ids, sampling, request_id=request_id)
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        return
+    gen = await engine.generate(input_ids, sampling, request_id=request_id)
+    yield TokenDelta(list(gen.output_ids), [float(x) for x in gen.logprobs])
+    yield gen
 
 
 def require_capability(engine: Engine, path: WeightPath, what: str) -> None:

@@ -52,6 +52,8 @@ class Request:
     first_token_at: float = 0.0
     cached_tokens: int = 0
     epoch: int = 0  # the engine's KV epoch when prefilled (KV from another epoch is never cached)
+    on_token: Callable[[int, float], None] | None = None
+    """Called from the engine thread with each sampled token and its logprob (streaming)."""
 
 
 @dataclass
@@ -380,6 +382,12 @@ class Scheduler:
             r.output.append(t)
             r.logprobs.append(lp)
             r.versions.append(version)
+            if r.on_token is not None:
+                try:
+                    r.on_token(t, lp)
+                except Exception:  # a listener's failure never stops the batch
+                    log.exception("on_token listener of request %s failed", r.rid)
+                    r.on_token = None
             if t in r.stop_ids:
                 done.append((r, "stop"))
             elif (

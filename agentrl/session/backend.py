@@ -44,6 +44,10 @@ class ChatResult:
     diverged: str | None = None
     """Why this turn started a new segment (``None`` when it extended the ledger)."""
     parse_failed: bool = False
+    stop_string: str | None = None
+    """The stop string that ended the reply, if one did."""
+    raw_text: str | None = None
+    """The reply as decoded text, before parsing (``None`` over HTTP)."""
 
 
 @runtime_checkable

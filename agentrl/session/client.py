@@ -44,6 +44,7 @@ from agentrl.session.errors import (
     ContextFullError,
     SessionEngineError,
     SessionError,
+    SessionKeyError,
     SessionRequestError,
     UnknownSessionError,
 )
@@ -54,6 +55,8 @@ __all__ = ["AsyncSessionClient", "SessionClient", "raise_for_status"]
 _CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
 
 _ERRORS: dict[int, type[SessionError]] = {
+    401: SessionKeyError,
+    403: SessionKeyError,
     404: UnknownSessionError,
     422: SessionRequestError,
     424: SessionEngineError,
@@ -128,6 +131,7 @@ class AsyncSessionClient:
         )
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._keys: dict[str, str] = {}
 
     @classmethod
     async def connect(cls, base_url: str, **kwargs: Any) -> AsyncSessionClient:
@@ -151,9 +155,15 @@ class AsyncSessionClient:
         return [int(t) for t in self.health.get("stop_token_ids", [])]
 
     async def create(self, session_id: str | None = None) -> str:
-        return str(
-            (await self._call("POST", "/sessions", {"session_id": session_id} if session_id else None))["id"]
-        )
+        out = await self._call("POST", "/sessions", {"session_id": session_id} if session_id else None)
+        sid = str(out["id"])
+        if out.get("api_key"):  # sent with every later call on this session (gateway mode needs it)
+            self._keys[sid] = str(out["api_key"])
+        return sid
+
+    def api_key(self, session_id: str) -> str | None:
+        """The session's key, as the server returned it when this client created the session."""
+        return self._keys.get(session_id)
 
     async def chat_completion(
         self,
@@ -190,11 +200,13 @@ class AsyncSessionClient:
             ) from e
 
     async def trajectories(self, session_id: str) -> list[Trajectory]:
-        return _trajectories(await self._call("GET", f"/sessions/{session_id}/trajectories"))
+        return _trajectories(await self._call("GET", f"/sessions/{session_id}/trajectories", sid=session_id))
 
     async def close(self, session_id: str) -> list[Trajectory]:
         """Delete the session on the server; its trajectories."""
-        return _trajectories(await self._call("DELETE", f"/sessions/{session_id}"))
+        out = await self._call("DELETE", f"/sessions/{session_id}", sid=session_id)
+        self._keys.pop(session_id, None)
+        return _trajectories(out)
 
     async def tokenize(
         self,
@@ -230,11 +242,13 @@ class AsyncSessionClient:
         body: dict[str, Any] = {"messages": _messages(messages), **fields}
         if tools:
             body["tools"] = [t.model_dump(exclude_none=True) for t in tools]
-        return dict(await self._call("POST", f"/sessions/{session_id}/v1/chat/completions", body))
+        return dict(
+            await self._call("POST", f"/sessions/{session_id}/v1/chat/completions", body, sid=session_id)
+        )
 
     async def session_info(self, session_id: str) -> dict[str, Any]:
         """The session's summary (turns, segments, tokens, divergences, messages)."""
-        return dict(await self._call("GET", f"/sessions/{session_id}"))
+        return dict(await self._call("GET", f"/sessions/{session_id}", sid=session_id))
 
     async def encode(self, text: str) -> list[int]:
         """Token ids of plain ``text`` (no template)."""
@@ -263,13 +277,15 @@ class AsyncSessionClient:
             self._loop = loop
         return self._http
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+    async def _call(self, method: str, path: str, body: Any = None, *, sid: str | None = None) -> Any:
         where = f"{method} {self.base_url}{path}"
         client = self._client()
+        key = self._keys.get(sid) if sid is not None else None
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         delay = 0.2
         for attempt in range(self.retries + 1):
             try:
-                resp = await client.request(method, path, json=body)
+                resp = await client.request(method, path, json=body, headers=headers)
                 break
             except _CONNECT_ERRORS as e:
                 if attempt == self.retries:

@@ -42,6 +42,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--audit", action="store_true", help="audit every trajectory read against a canonical render"
     )
+    p.add_argument(
+        "--require-session-keys",
+        action="store_true",
+        help="gateway mode: every session-scoped request must carry its session's api_key",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -98,10 +103,16 @@ def _serve(args: argparse.Namespace) -> int:
     manager, server = build_manager(
         args.model, url, args.family, engine_kind=kind, engine_python=args.engine_python
     )
-    app = create_app(manager, default_max_tokens=args.max_tokens, audit=args.audit)
+    app = create_app(
+        manager,
+        default_max_tokens=args.max_tokens,
+        audit=args.audit,
+        require_session_keys=args.require_session_keys,
+    )
     print(
         f"agentrl serve-session: model {args.model} (family {manager.family.name}) on "
-        f"http://{args.host}:{args.port}; POST /sessions, then use /sessions/{{id}}/v1 as an OpenAI base_url",
+        f"http://{args.host}:{args.port}; POST /sessions, then use /sessions/{{id}}/v1 as an OpenAI base_url "
+        "(/sessions/{id} for Anthropic) and its api_key as the key",
         flush=True,
     )
     try:

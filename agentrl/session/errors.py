@@ -10,6 +10,8 @@
         │                            engines ContextLengthError); end the episode as truncated
         ├── TemplateError            the chat template is not append-only for these message shapes
         │                            (HTTP 422); names the offending turn
+        ├── SessionKeyError          the request lacks its session's key (HTTP 401) or carries another
+        │                            session's key (HTTP 403); pass the key POST /sessions returned
         ├── SessionEngineError       the engine failed or timed out during a turn (HTTP 424); the
         │                            ledger is unchanged, the turn can be retried, other sessions go on
         └── LedgerError              an internal invariant broke (a prefix property did not hold); a bug
@@ -27,6 +29,7 @@ __all__ = [
     "LedgerError",
     "SessionEngineError",
     "SessionError",
+    "SessionKeyError",
     "SessionRequestError",
     "TemplateError",
     "UnknownSessionError",
@@ -50,6 +53,15 @@ class SessionRequestError(SessionError, ValueError):
 
 class ContextFullError(SessionRequestError, ContextLengthError):
     """The prompt plus ``max_new_tokens`` exceeds the model's context; nothing was recorded."""
+
+
+class SessionKeyError(SessionError):
+    """The request may not touch this session: no key where one is required (``status`` 401),
+    or the key of another session (403)."""
+
+    def __init__(self, message: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class TemplateError(SessionError):

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.engines.errors import ContextLengthError, EngineRequestError
-from agentrl.engines.protocol import Engine, Generation
+from agentrl.engines.protocol import Engine, Generation, TokenDelta, stream_generate
 from agentrl.session.audit import AuditReport, audit_segment
 from agentrl.session.backend import ChatResult
 from agentrl.session.errors import (
@@ -52,9 +54,12 @@ __all__ = ["ChatResult", "SessionManager", "same_message"]
 @dataclass
 class _Session:
     ledger: Ledger
+    api_key: str = field(default_factory=lambda: f"sk-agentrl-{secrets.token_urlsafe(24)}")
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     created: float = field(default_factory=time.time)
     turns: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+    """Per-dialect state kept with the session (e.g. stored Responses for ``previous_response_id``)."""
 
 
 def _norm(s: str | None) -> str:
@@ -129,6 +134,7 @@ class SessionManager:
         self.engine_timeout_s = engine_timeout_s
         self.max_sessions = max_sessions
         self._sessions: dict[str, _Session] = {}
+        self._by_key: dict[str, str] = {}
         self.counters: Counter[str] = Counter()
         self.timers: dict[str, float] = defaultdict(float)
 
@@ -154,9 +160,22 @@ class SessionManager:
             raise SessionRequestError(
                 f"{len(self._sessions)} sessions are open (max_sessions={self.max_sessions}); close finished ones"
             )
-        self._sessions[sid] = _Session(ledger=Ledger(session_id=sid))
+        sess = self._sessions[sid] = _Session(ledger=Ledger(session_id=sid))
+        self._by_key[sess.api_key] = sid
         self.counters["tito/sessions_created"] += 1
         return sid
+
+    def session_key(self, session_id: str) -> str:
+        """The session's API key: the gateway's proof that a request comes from its agent."""
+        return self._get(session_id).api_key
+
+    def session_for_key(self, api_key: str) -> str | None:
+        """The id of the open session whose key is ``api_key`` (``None`` if no session has it)."""
+        return self._by_key.get(api_key)
+
+    def session_state(self, session_id: str) -> dict[str, Any]:
+        """Mutable per-session storage for the dialects (dropped with the session)."""
+        return self._get(session_id).state
 
     def _get(self, session_id: str) -> _Session:
         try:
@@ -168,8 +187,10 @@ class SessionManager:
 
     async def close(self, session_id: str) -> list[Trajectory]:
         """Close the session and return its trajectories."""
-        trajs = self._get(session_id).ledger.trajectories()
+        sess = self._get(session_id)
+        trajs = sess.ledger.trajectories()
         del self._sessions[session_id]
+        self._by_key.pop(sess.api_key, None)
         return trajs
 
     def __contains__(self, session_id: object) -> bool:
@@ -274,20 +295,10 @@ class SessionManager:
         tokenized incrementally, SessionEngineError when the engine fails (nothing
         is committed then; the turn can be retried).
         """
-        sess = self._get(session_id)
-        if not messages:
-            raise SessionRequestError("messages is empty; send at least one message")
-        kwargs = {**self.family.template_kwargs, **(template_kwargs or {})}
-        tools = tools or None
+        sess, kwargs, tools = self._check_turn(session_id, messages, tools, template_kwargs)
+        sampling = self.turn_sampling(session_id, sampling)
         async with sess.lock:
-            seg = sess.ledger.current
-            t0 = time.perf_counter()
-            appended, reason = self._plan(seg, messages, tools, kwargs)
-            base, prompt_add = self._prompt(
-                seg if appended is not None else None, appended, tools, kwargs, messages
-            )
-            self.timers["tito/tokenize_seconds"] += time.perf_counter() - t0
-            input_ids = base + prompt_add
+            appended, reason, input_ids, prompt_add = self._begin(sess, messages, tools, kwargs)
             gen = await self._generate(session_id, input_ids, self._sampling(sampling))
             # commit: nothing above touched the ledger
             res = self._commit(
@@ -295,6 +306,101 @@ class SessionManager:
             )
             res.prompt_tokens = len(input_ids)
             return res
+
+    async def chat_stream(
+        self,
+        session_id: str,
+        messages: list[Message],
+        tools: list[ToolSpec] | None = None,
+        sampling: SamplingParams | None = None,
+        *,
+        stop: list[str] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> AsyncGenerator[TokenDelta | ChatResult, None]:
+        """:meth:`chat_completion`, streamed: the engine's :class:`TokenDelta` items as it samples
+        them, then the committed :class:`ChatResult`.
+
+        The turn is committed only once the engine finished; closing the iterator before the
+        ``ChatResult`` (a client that disconnected) aborts the generation and records nothing.
+        Errors are raised as by :meth:`chat_completion`, before the first delta when the engine
+        rejects the prompt.
+        """
+        sess, kwargs, tools = self._check_turn(session_id, messages, tools, template_kwargs)
+        sampling = self.turn_sampling(session_id, sampling)
+        async with sess.lock:
+            appended, reason, input_ids, prompt_add = self._begin(sess, messages, tools, kwargs)
+            gen: Generation | None = None
+            t0 = time.perf_counter()
+            stream = stream_generate(
+                self.engine,
+                input_ids,
+                self._sampling(sampling),
+                request_id=f"{session_id}-{uuid.uuid4().hex[:8]}",
+            )
+            # one deadline for the turn, checked at every wait for the engine, so it fires in here
+            # (the engine request is cancelled) and never in the stream reader's code
+            deadline = asyncio.get_running_loop().time() + self.engine_timeout_s
+            try:
+                while gen is None:
+                    left = deadline - asyncio.get_running_loop().time()
+                    item = await asyncio.wait_for(anext(stream), max(left, 0.0))
+                    if isinstance(item, TokenDelta):
+                        yield item
+                    else:
+                        gen = item
+            except StopAsyncIteration:
+                pass
+            except Exception as e:
+                raise self._engine_failure(session_id, input_ids, e) from e
+            finally:
+                await stream.aclose()
+                self.timers["tito/engine_seconds"] += time.perf_counter() - t0
+            if gen is None:
+                self.counters["tito/engine_errors"] += 1
+                raise SessionEngineError(
+                    f"the engine's stream for session {session_id!r} ended without a result; nothing was recorded"
+                )
+            self._check_generation(gen)
+            res = self._commit(
+                session_id, sess, appended is None, reason, tools, kwargs, messages, prompt_add, gen, stop
+            )
+            res.prompt_tokens = len(input_ids)
+            yield res
+
+    def turn_sampling(self, session_id: str, sampling: SamplingParams | None) -> SamplingParams | None:
+        """The sampling one turn of ``session_id`` runs with, streamed or not: the request's here.
+
+        Called once per turn by :meth:`chat_completion` and :meth:`chat_stream`, so a subclass
+        that pins a session's sampling (a trainer driving a black-box agent) overrides this one
+        method and covers every dialect, streamed or not.
+        """
+        del session_id
+        return sampling
+
+    def _check_turn(
+        self,
+        session_id: str,
+        messages: list[Message],
+        tools: list[ToolSpec] | None,
+        template_kwargs: dict[str, Any] | None,
+    ) -> tuple[_Session, dict[str, Any], list[ToolSpec] | None]:
+        sess = self._get(session_id)
+        if not messages:
+            raise SessionRequestError("messages is empty; send at least one message")
+        return sess, {**self.family.template_kwargs, **(template_kwargs or {})}, tools or None
+
+    def _begin(
+        self, sess: _Session, messages: list[Message], tools: list[ToolSpec] | None, kwargs: dict[str, Any]
+    ) -> tuple[list[Message] | None, str | None, list[int], list[int]]:
+        """Plan the turn (extend or diverge) and tokenize its prompt; touches nothing."""
+        seg = sess.ledger.current
+        t0 = time.perf_counter()
+        appended, reason = self._plan(seg, messages, tools, kwargs)
+        base, prompt_add = self._prompt(
+            seg if appended is not None else None, appended, tools, kwargs, messages
+        )
+        self.timers["tito/tokenize_seconds"] += time.perf_counter() - t0
+        return appended, reason, base + prompt_add, prompt_add
 
     def _prompt(
         self,
@@ -330,7 +436,7 @@ class SessionManager:
     ) -> ChatResult:
         """Append the turn (prompt tokens, then the sampled ones) to the ledger; the parsed reply."""
         led = sess.ledger
-        out, lps, vers, finish, last_stop, text = self._cut(gen, stop)
+        out, lps, vers, finish, last_stop, text, stop_string = self._cut(gen, stop)
         if new_segment or led.current is None:
             if reason is not None:
                 led.divergences[reason] = led.divergences.get(reason, 0) + 1
@@ -372,6 +478,8 @@ class SessionManager:
             segment=seg.index,
             diverged=reason,
             parse_failed=parsed.parse_failed,
+            stop_string=stop_string,
+            raw_text=parsed.text,
         )
 
     def _count_turn(self, prompt_added: int, sampled: int, parse_failed: bool, tool_calls: int) -> None:
@@ -390,28 +498,36 @@ class SessionManager:
                 self.engine.generate(input_ids, sampling, request_id=f"{session_id}-{uuid.uuid4().hex[:8]}"),
                 timeout=self.engine_timeout_s,
             )
-        except TimeoutError:
-            self.counters["tito/engine_errors"] += 1
-            raise SessionEngineError(
-                f"the engine did not answer within {self.engine_timeout_s:g}s for session {session_id!r} "
-                f"({len(input_ids)} prompt tokens); nothing was recorded, retry the turn"
-            ) from None
-        except ContextLengthError as e:
-            self.counters["tito/context_full"] += 1
-            raise ContextFullError(f"session {session_id!r}: {e}; nothing was recorded") from e
-        except EngineRequestError as e:  # the prompt itself is unacceptable: the caller's to fix
-            self.counters["tito/engine_rejections"] += 1
-            raise SessionRequestError(
-                f"the engine rejected the turn for session {session_id!r}: {e}; nothing was recorded"
-            ) from e
         except Exception as e:
-            self.counters["tito/engine_errors"] += 1
-            raise SessionEngineError(
-                f"the engine failed for session {session_id!r}: {type(e).__name__}: {e}; "
-                "nothing was recorded, retry the turn"
-            ) from e
+            raise self._engine_failure(session_id, input_ids, e) from e
         finally:
             self.timers["tito/engine_seconds"] += time.perf_counter() - t0
+        self._check_generation(gen)
+        return gen
+
+    def _engine_failure(self, session_id: str, input_ids: list[int], e: Exception) -> Exception:
+        """The session error for an engine call that raised ``e`` (counted); nothing was recorded."""
+        if isinstance(e, TimeoutError):
+            self.counters["tito/engine_errors"] += 1
+            return SessionEngineError(
+                f"the engine did not answer within {self.engine_timeout_s:g}s for session {session_id!r} "
+                f"({len(input_ids)} prompt tokens); nothing was recorded, retry the turn"
+            )
+        if isinstance(e, ContextLengthError):
+            self.counters["tito/context_full"] += 1
+            return ContextFullError(f"session {session_id!r}: {e}; nothing was recorded")
+        if isinstance(e, EngineRequestError):  # the prompt itself is unacceptable: the caller's to fix
+            self.counters["tito/engine_rejections"] += 1
+            return SessionRequestError(
+                f"the engine rejected the turn for session {session_id!r}: {e}; nothing was recorded"
+            )
+        self.counters["tito/engine_errors"] += 1
+        return SessionEngineError(
+            f"the engine failed for session {session_id!r}: {type(e).__name__}: {e}; "
+            "nothing was recorded, retry the turn"
+        )
+
+    def _check_generation(self, gen: Generation) -> None:
         n = len(gen.output_ids)
         if len(gen.logprobs) != n or (gen.weight_versions and len(gen.weight_versions) != n):
             self.counters["tito/engine_errors"] += 1
@@ -419,12 +535,12 @@ class SessionManager:
                 f"the engine returned {n} tokens but {len(gen.logprobs)} logprobs and "
                 f"{len(gen.weight_versions)} weight versions; nothing was recorded"
             )
-        return gen
 
     def _cut(
         self, gen: Generation, stop: list[str] | None
-    ) -> tuple[list[int], list[float], list[int], str, int | None, str | None]:
-        """Apply stop strings; return tokens, logprobs, versions, finish, final stop token, text."""
+    ) -> tuple[list[int], list[float], list[int], str, int | None, str | None, str | None]:
+        """Apply stop strings; return tokens, logprobs, versions, finish, final stop token, text,
+        and the stop string that cut the reply (``text`` and it are ``None`` without a cut)."""
         out = list(gen.output_ids)
         lps = [float(x) for x in gen.logprobs]
         vers = list(gen.weight_versions) if gen.weight_versions else [gen.weight_version] * len(out)
@@ -433,12 +549,12 @@ class SessionManager:
         last_stop = out[-1] if finish == "stop" and out and out[-1] in stop_set else None
         stops = [s for s in stop or [] if s]
         if not stops:
-            return out, lps, vers, finish, last_stop, None
+            return out, lps, vers, finish, last_stop, None, None
         body = out[:-1] if last_stop is not None else out
         text = self.tok.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         hits = [(text.find(s), s) for s in stops if s in text]
         if not hits:
-            return out, lps, vers, finish, last_stop, None
+            return out, lps, vers, finish, last_stop, None, None
         idx, s = min(hits)
         need = idx + len(s)
         lo, hi = 1, len(body)  # smallest k whose decoded prefix contains the stop string
@@ -454,7 +570,7 @@ class SessionManager:
             else:
                 lo = mid + 1
         self.counters["tito/stop_string_cuts"] += 1
-        return body[:lo], lps[:lo], vers[:lo], "stop", None, text[:idx]
+        return body[:lo], lps[:lo], vers[:lo], "stop", None, text[:idx], s
 
     # ---------------------------------------------------------------- audit
     def audit(self, session_id: str) -> list[AuditReport]:

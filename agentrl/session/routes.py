@@ -1,10 +1,13 @@
 """The session server's routes (the app is built in :mod:`agentrl.session.server`).
 
 Handlers are module-level and reach the :class:`~agentrl.session.manager.SessionManager`
-through ``app.state.manager`` (the :func:`manager` dependency); ``app.state.default_max_tokens``
-and ``app.state.audit`` hold the server's two settings. Errors are raised as
+through ``app.state.manager`` (the :func:`manager` dependency); ``app.state.default_max_tokens``,
+``app.state.audit`` and ``app.state.require_session_keys`` hold the server's settings. The three
+dialects (Chat Completions, Responses, Messages; :mod:`agentrl.session.dialects`) run their turns
+on the same ledger through :func:`_turn`; :mod:`agentrl.session.gateway` decides which session a
+request names and whether its key may touch it. Errors are raised as
 :mod:`agentrl.session.errors` / :mod:`agentrl.engines.errors` classes and answered in OpenAI's
-body by the handlers :mod:`agentrl.session.server` installs.
+body (Anthropic's on ``/messages``) by the handlers :mod:`agentrl.session.server` installs.
 """
 
 from __future__ import annotations
@@ -12,17 +15,27 @@ from __future__ import annotations
 import inspect
 import time
 import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
 
-from agentrl.engines.protocol import Engine
+from agentrl.engines.protocol import Engine, TokenDelta
 from agentrl.session.audit import audit_segment
+from agentrl.session.backend import ChatResult
+from agentrl.session.dialects.chat import chat_body, chat_events
+from agentrl.session.dialects.common import EventStream, TurnArgs
+from agentrl.session.dialects.messages import MessagesRequest, messages_body, messages_events, messages_turn
+from agentrl.session.dialects.responses import (
+    ResponsesRequest,
+    response_body,
+    response_events,
+    responses_turn,
+)
 from agentrl.session.errors import SessionRequestError
+from agentrl.session.gateway import authorize, resolve_session
 from agentrl.session.manager import SessionManager
-from agentrl.session.server_wire import ChatCompletionRequest, CreateSessionRequest, TokenizeRequest, sse
-from agentrl.types import Message
+from agentrl.session.server_wire import ChatCompletionRequest, CreateSessionRequest, TokenizeRequest
 
 __all__ = ["manager", "router"]
 
@@ -55,71 +68,125 @@ async def tokenize(req: TokenizeRequest, sm: Manager) -> dict[str, Any]:
 
 @router.post("/sessions", status_code=201)
 async def create_session(sm: Manager, req: CreateSessionRequest | None = None) -> dict[str, Any]:
+    """Open a session: its id, its base URLs (OpenAI SDKs, the Anthropic SDK) and its key."""
     sid = await sm.create(req.session_id if req else None)
-    return {"id": sid, "base_url": f"/sessions/{sid}/v1"}
-
-
-def _message_body(
-    sm: SessionManager, req: ChatCompletionRequest, msg: Message, output_ids: list[int]
-) -> dict[str, Any]:
-    """The assistant message as OpenAI's ``message`` (tool_choice "none" returns calls as their text)."""
-    if req.tool_choice == "none" and msg.tool_calls:  # the agent asked for no calls: return the text
-        text = sm.tok.tokenizer.decode(
-            output_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-        msg = Message(role="assistant", content=text)
-    body: dict[str, Any] = {"role": "assistant", "content": msg.content}
-    if msg.reasoning_content is not None:
-        body["reasoning_content"] = msg.reasoning_content
-    if msg.tool_calls:
-        body["tool_calls"] = [c.model_dump() for c in msg.tool_calls]
-    return body
-
-
-def _logprobs(sm: SessionManager, output_ids: list[int], logprobs: list[float]) -> dict[str, Any]:
-    conv = sm.tok.tokenizer.convert_ids_to_tokens
     return {
-        "content": [
-            {"token": str(conv(t)), "logprob": lp, "bytes": None, "top_logprobs": []}
-            for t, lp in zip(output_ids, logprobs, strict=True)
-        ]
+        "id": sid,
+        "base_url": f"/sessions/{sid}/v1",
+        "anthropic_base_url": f"/sessions/{sid}",
+        "api_key": sm.session_key(sid),
     }
+
+
+async def _turn(
+    sm: SessionManager,
+    sid: str,
+    turn: TurnArgs,
+    stream: bool,
+    body: Callable[[ChatResult], dict[str, Any]],
+    events: Callable[
+        [TokenDelta | ChatResult, AsyncGenerator[TokenDelta | ChatResult, None]], AsyncIterator[str]
+    ],
+) -> Any:
+    """Run one turn on the ledger, answered whole or streamed as the engine samples."""
+    args = (sid, turn.messages, turn.tools, turn.sampling)
+    if not stream:
+        res = await sm.chat_completion(*args, stop=turn.stop, template_kwargs=turn.template_kwargs)
+        return body(res)
+    it = sm.chat_stream(*args, stop=turn.stop, template_kwargs=turn.template_kwargs)
+    try:  # the first token (or the engine's refusal) before the status line: errors stay HTTP errors
+        first = await anext(it)
+    except BaseException:
+        await it.aclose()
+        raise
+    return EventStream(events(first, it))
+
+
+def _head(sm: SessionManager) -> dict[str, Any]:
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": sm.model_name}
+
+
+async def _chat(sid: str, req: ChatCompletionRequest, request: Request, sm: SessionManager) -> Any:
+    turn = TurnArgs(
+        messages=[m.to_message() for m in req.messages],
+        tools=req.tools,
+        sampling=req.sampling(request.app.state.default_max_tokens),
+        stop=req.stop_list(),
+        template_kwargs=req.chat_template_kwargs,
+        parse_tools=req.tool_choice != "none",
+    )
+    head = _head(sm)
+    return await _turn(
+        sm,
+        sid,
+        turn,
+        bool(req.stream),
+        lambda res: chat_body(sm, req, res, head),
+        lambda first, rest: chat_events(sm, req, head, first, rest),
+    )
+
+
+async def _responses(sid: str, req: ResponsesRequest, request: Request, sm: SessionManager) -> Any:
+    turn = responses_turn(sm, sid, req, request.app.state.default_max_tokens)
+    return await _turn(
+        sm,
+        sid,
+        turn,
+        bool(req.stream),
+        lambda res: response_body(sm, sid, req, turn, res),
+        lambda first, rest: response_events(sm, sid, req, turn, first, rest),
+    )
+
+
+async def _messages(sid: str, req: MessagesRequest, request: Request, sm: SessionManager) -> Any:
+    turn = messages_turn(req, request.app.state.default_max_tokens)
+    return await _turn(
+        sm,
+        sid,
+        turn,
+        bool(req.stream),
+        lambda res: messages_body(sm, turn, res),
+        lambda first, rest: messages_events(sm, turn, first, rest),
+    )
 
 
 @router.post("/sessions/{session_id}/v1/chat/completions")
 async def chat_completions(session_id: str, req: ChatCompletionRequest, request: Request, sm: Manager) -> Any:
-    """One assistant turn (OpenAI's schema; ``stream`` answers the finished turn as chunks)."""
-    sm.ledger(session_id)  # 404 before any work
-    stop = [req.stop] if isinstance(req.stop, str) else req.stop
-    res = await sm.chat_completion(
-        session_id,
-        [m.to_message() for m in req.messages],
-        req.tools,
-        req.sampling(request.app.state.default_max_tokens),
-        stop=stop,
-        template_kwargs=req.chat_template_kwargs,
-    )
-    body = _message_body(sm, req, res.message, res.output_ids)
-    finish = "tool_calls" if "tool_calls" in body else res.finish_reason
-    logprobs = _logprobs(sm, res.output_ids, res.logprobs) if req.logprobs else None
-    usage = {
-        "prompt_tokens": res.prompt_tokens,
-        "completion_tokens": res.completion_tokens,
-        "total_tokens": res.prompt_tokens + res.completion_tokens,
-    }
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": sm.model_name}
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(
-            sse(head, body, finish, logprobs, usage, include_usage), media_type="text/event-stream"
-        )
-    return {
-        **head,
-        "object": "chat.completion",
-        "choices": [{"index": 0, "message": body, "finish_reason": finish, "logprobs": logprobs}],
-        "usage": usage,
-        "agentrl": {"segment": res.segment, "diverged": res.diverged, "parse_failed": res.parse_failed},
-    }
+    """One assistant turn in OpenAI's Chat Completions schema (``stream`` streams as sampled)."""
+    authorize(request, sm, session_id)
+    return await _chat(session_id, req, request, sm)
+
+
+@router.post("/sessions/{session_id}/v1/responses")
+async def responses(session_id: str, req: ResponsesRequest, request: Request, sm: Manager) -> Any:
+    """One assistant turn in OpenAI's Responses schema."""
+    authorize(request, sm, session_id)
+    return await _responses(session_id, req, request, sm)
+
+
+@router.post("/sessions/{session_id}/v1/messages")
+async def messages(session_id: str, req: MessagesRequest, request: Request, sm: Manager) -> Any:
+    """One assistant turn in Anthropic's Messages schema."""
+    authorize(request, sm, session_id)
+    return await _messages(session_id, req, request, sm)
+
+
+@router.post("/v1/chat/completions")
+async def gateway_chat(req: ChatCompletionRequest, request: Request, sm: Manager) -> Any:
+    """Chat Completions for the session named by ``X-Session-ID`` or by its key."""
+    return await _chat(resolve_session(request, sm), req, request, sm)
+
+
+@router.post("/v1/responses")
+async def gateway_responses(req: ResponsesRequest, request: Request, sm: Manager) -> Any:
+    """Responses for the session named by ``X-Session-ID`` or by its key."""
+    return await _responses(resolve_session(request, sm), req, request, sm)
+
+
+@router.post("/v1/messages")
+async def gateway_messages(req: MessagesRequest, request: Request, sm: Manager) -> Any:
+    """Messages for the session named by ``X-Session-ID`` or by its key."""
+    return await _messages(resolve_session(request, sm), req, request, sm)
 
 
 def _models(sm: SessionManager) -> dict[str, Any]:
@@ -135,19 +202,21 @@ async def models(sm: Manager) -> dict[str, Any]:
 
 
 @router.get("/sessions/{session_id}/v1/models")
-async def session_models(session_id: str, sm: Manager) -> dict[str, Any]:
-    sm.ledger(session_id)
+async def session_models(session_id: str, request: Request, sm: Manager) -> dict[str, Any]:
+    authorize(request, sm, session_id)
     return _models(sm)
 
 
 @router.get("/sessions/{session_id}")
-async def session_info(session_id: str, sm: Manager) -> dict[str, Any]:
+async def session_info(session_id: str, request: Request, sm: Manager) -> dict[str, Any]:
+    authorize(request, sm, session_id)
     return sm.info(session_id)
 
 
 def _trajectories(request: Request, session_id: str) -> list[dict[str, Any]]:
     """Every segment with turns as a Trajectory dict; with ``app.state.audit``, audited and recorded."""
     sm = manager(request)
+    authorize(request, sm, session_id)
     out = []
     for seg in sm.ledger(session_id).segments:
         if not seg.turns:

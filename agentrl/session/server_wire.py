@@ -3,13 +3,11 @@
 Requests are validated by these models (unknown fields are rejected, ``extra="forbid"``, so a
 typo is a 422 naming the field). Errors use OpenAI's body, ``{"error": {"message", "type",
 "param", "code"}}`` (plus ``detail``, the same message, for clients that read FastAPI's field);
-a streamed turn is written as OpenAI's server-sent chunks (:func:`sse`).
+a streamed turn is written by :mod:`agentrl.session.dialects.chat`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -23,7 +21,6 @@ __all__ = [
     "CreateSessionRequest",
     "TokenizeRequest",
     "error_response",
-    "sse",
 ]
 
 
@@ -112,6 +109,9 @@ class ChatCompletionRequest(_In):
     store: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
+    def stop_list(self) -> list[str] | None:
+        return [self.stop] if isinstance(self.stop, str) else self.stop
+
     def sampling(self, default_max: int) -> SamplingParams:
         fields: dict[str, Any] = {
             "max_new_tokens": self.max_completion_tokens or self.max_tokens or default_max
@@ -150,29 +150,3 @@ def error_response(
             "detail": message,
         },
     )
-
-
-def sse(
-    head: dict[str, Any],
-    body: dict[str, Any],
-    finish: str,
-    logprobs: dict[str, Any] | None,
-    usage: dict[str, int],
-    include_usage: bool,
-) -> Iterator[str]:
-    """The finished turn as OpenAI stream chunks: the whole delta, then the finish, then usage.
-
-    The ledger needs the complete reply before it can parse it, so the turn is generated
-    first and streamed as one delta; clients that only speak streaming still work.
-    """
-    delta = dict(body)
-    if "tool_calls" in delta:
-        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
-    chunk = {**head, "object": "chat.completion.chunk"}
-    first = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs}
-    yield f"data: {json.dumps({**chunk, 'choices': [first]})}\n\n"
-    last = {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}
-    yield f"data: {json.dumps({**chunk, 'choices': [last]})}\n\n"
-    if include_usage:
-        yield f"data: {json.dumps({**chunk, 'choices': [], 'usage': usage})}\n\n"
-    yield "data: [DONE]\n\n"

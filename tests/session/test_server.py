@@ -126,8 +126,13 @@ def test_streaming_clients_get_the_turn_as_chunks(scripted: Any) -> None:
     calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert content == "Sure." and finish == ["tool_calls"]
-    fns = [tc.function for tc in calls if tc.function is not None]
-    assert [(f.name, json.loads(f.arguments or "")) for f in fns] == [("get_weather", {"city": "Oslo"})]
+    names: dict[int, str] = {}
+    args: dict[int, str] = {}
+    for tc in calls:  # as clients assemble them: the name first, the arguments in later deltas
+        assert tc.function is not None
+        names[tc.index] = names.get(tc.index, "") + (tc.function.name or "")
+        args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+    assert [(names[i], json.loads(args[i])) for i in sorted(names)] == [("get_weather", {"city": "Oslo"})]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(eng.outputs[-1])
 
 
