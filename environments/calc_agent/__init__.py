@@ -16,7 +16,7 @@ register(
             "eval_every": 5,
             "eval_episodes": 32,
         },
-        "optim": {"lr": 5e-5},
+        "optim": {"lr": 1e-4},
         "run": {"sft_steps": 250, "steps": 20},
     },
 )

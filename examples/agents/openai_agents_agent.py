@@ -25,6 +25,7 @@ Run it by hand against a session server::
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -43,8 +44,7 @@ from openai import AsyncOpenAI
 
 
 def _evaluate(expression: str) -> str:
-    """+ - * / over integers, exactly (no eval of arbitrary code)."""
-    import ast
+    """+ - * / over numbers, exactly (no eval of arbitrary code)."""
 
     def ev(node: ast.AST) -> Fraction:
         if isinstance(node, ast.BinOp):
