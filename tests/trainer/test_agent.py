@@ -299,3 +299,61 @@ def test_train_through_the_agents_sdk_agent(tmp_path):
     assert s.eval_start is not None and s.eval_end is not None
     assert len(list((tmp_path / "agents" / "step-0").glob("*.log"))) == 4
     assert list((tmp_path / "agents" / "eval").glob("*.log"))
+
+
+class _Replies:
+    """An engine that answers each turn with the next scripted text (then the template's end of turn)."""
+
+    def __init__(self, tokenizer, texts: list[str]) -> None:
+        self.tok, self.texts = tokenizer, list(texts)
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.weight_version = 0
+
+    async def generate(self, input_ids, sampling, *, request_id=None):
+        from agentrl.engines.protocol import Generation
+
+        text = self.texts.pop(0) if self.texts else "done"
+        ids = [*self.tok.encode(text, add_special_tokens=False), self.end]
+        return Generation(
+            output_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", weight_version=0,
+            weight_versions=[0] * len(ids), request_id=request_id or "", prompt_tokens=len(input_ids),
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("replies", "reward"),
+    [
+        # broken JSON in the call: the server returns it as text, the agent ends with it, the env scores 0
+        (['<tool_call>\n{"name": "calculate", "arguments": {"expression": </tool_call>'], 0.0),
+        # a tool the agent does not have: the SDK raises, the example agent ends normally, scored 0
+        (['<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'], 0.0),
+        # a well-formed call, then the answer: the full reward
+        (
+            [
+                '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2*3"}}\n</tool_call>',
+                "It is <answer>{answer}</answer>.",
+            ],
+            1.0,
+        ),
+    ],
+    ids=["broken-json", "unknown-tool", "solved"],
+)
+def test_malformed_tool_calls_are_the_models_failure_scored_not_retried(replies, reward, tmp_path):
+    tok = load_tokenizer("tiny")
+    env = make("calc-agent-v0", **ENV_KWARGS)
+    env.reset(seed=11)
+    replies = [r.replace("2*3", env.expression).replace("{answer}", str(env.solution)) for r in replies]
+    loop = LoopThread("test-agent-scripted")
+    sm = GatewayManager(tok, _Replies(tok, replies), model_name="tiny")
+    gateway = EmbeddedGateway(sm, loop).start()
+    try:
+        runner = AgentRunner(OPENAI_AGENT, gateway, timeout_s=60, log_dir=tmp_path)
+        rm = RolloutManager(lambda: make("calc-agent-v0", **ENV_KWARGS), sm, max_new_tokens=64, agent=runner)
+        res = loop.run(rm.arun([11], 1, 1.0), timeout_s=120, what="scripted agent rollout")
+    finally:
+        gateway.stop()
+        loop.close()
+    (ep,) = res.episodes
+    assert ep.status == "ok" and ep.attempts == 1 and ep.reward == reward
+    assert ep.trajectories and ep.trajectories[0].reward == reward
