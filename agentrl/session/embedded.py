@@ -20,6 +20,7 @@ server's own (:mod:`agentrl.session.server`); nothing here changes them.
 
 from __future__ import annotations
 
+import inspect
 import socket
 import time
 from collections.abc import Callable
@@ -112,7 +113,13 @@ class EmbeddedGateway:
                 f"session gateway: cannot bind {host}:{port}: {e} (is the port in use?)"
             ) from None
         self.host, self.port = host, int(self._sock.getsockname()[1])
-        app = create_app(manager, default_max_tokens=default_max_tokens)
+        # a session server with per-session keys requires them here: one agent cannot read or write another's session
+        keyed = "require_session_keys" in inspect.signature(create_app).parameters
+        app = create_app(
+            manager,
+            default_max_tokens=default_max_tokens,
+            **({"require_session_keys": True} if keyed else {}),
+        )
         self._server = uvicorn.Server(
             uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="off")
         )

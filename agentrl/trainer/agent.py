@@ -189,25 +189,33 @@ class AgentRunner:
         self.argv, self.gateway, self.timeout_s, self.log_dir = argv, gateway, timeout_s, log_dir
         self.manager: GatewayManager = gateway.manager
 
-    async def _create(self) -> tuple[str, str, str]:
-        """A session on the gateway: ``(id, base URL, key)`` (the key the server issued, else a placeholder)."""
+    async def _create(self) -> tuple[str, dict[str, str]]:
+        """A session on the gateway: its id and the variables that point the agent's SDKs at it.
+
+        The key is the one the server issued (``api_key``), else a placeholder; the Anthropic
+        base URL is the server's ``anthropic_base_url``, else the OpenAI one without ``/v1``
+        (the Anthropic SDK appends ``/v1/messages`` itself).
+        """
         url = self.gateway.url
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0)) as http:
             resp = await http.post(f"{url}/sessions", json={})
         if resp.status_code != 201:
             raise AgentError(f"POST {url}/sessions answered {resp.status_code}: {resp.text[:300]}")
         body = resp.json()
-        key = body.get("api_key") or body.get("key") or "agentrl-no-key"
-        return str(body["id"]), url + str(body["base_url"]), str(key)
+        base = str(body["base_url"])
+        key = str(body.get("api_key") or "agentrl-no-key")
+        urls = {
+            "OPENAI_BASE_URL": url + base,
+            "OPENAI_API_KEY": key,
+            "ANTHROPIC_BASE_URL": url + str(body.get("anthropic_base_url") or base.removesuffix("/v1")),
+            "ANTHROPIC_API_KEY": key,
+        }
+        return str(body["id"]), urls
 
-    def _environ(self, sid: str, base_url: str, key: str, task: list[Message]) -> dict[str, str]:
-        root = base_url.removesuffix("/v1")  # the Anthropic SDK appends /v1/messages itself
+    def _environ(self, sid: str, urls: dict[str, str], task: list[Message]) -> dict[str, str]:
         return {
             **os.environ,
-            "OPENAI_BASE_URL": base_url,
-            "OPENAI_API_KEY": key,
-            "ANTHROPIC_BASE_URL": root,
-            "ANTHROPIC_API_KEY": key,
+            **urls,
             "AGENTRL_TASK": json.dumps([m.model_dump(exclude_none=True) for m in task]),
             "AGENTRL_SESSION_ID": sid,
             "AGENTRL_MODEL": self.manager.model_name,
@@ -235,11 +243,11 @@ class AgentRunner:
 
         ``sampling(turn) -> SamplingParams`` is pinned on the session; ``where`` names the log file.
         """
-        sid, base_url, key = await self._create()
+        sid, urls = await self._create()
         closed = False
         try:
             self.manager.pin(sid, sampling)
-            run = await run_agent(self.argv, self._environ(sid, base_url, key, task), self.timeout_s)
+            run = await run_agent(self.argv, self._environ(sid, urls, task), self.timeout_s)
             self._log(where, run)
             cmd = shlex.join(self.argv)
             if run.timed_out:

@@ -66,6 +66,7 @@ def _script(tmp_path: Path, name: str, body: str) -> list[str]:
     return [sys.executable, str(path)]
 
 
+@pytest.mark.slow
 def test_agents_sdk_agent_plays_through_the_ledger_exactly(stack, tmp_path):
     sm, _, _ = stack
     rm, loop = _rollout(stack, OPENAI_AGENT, tmp_path)
@@ -128,6 +129,7 @@ def test_crashing_agent_is_retried_and_counted_never_scored(stack, tmp_path):
     assert "exited with status 3" in res.errors[0] and "boom" in res.errors[0]
 
 
+@pytest.mark.slow
 def test_an_agent_that_crashes_once_is_retried_and_its_retry_trained(stack, tmp_path):
     marker = tmp_path / "crashed-once"
     argv = _script(
@@ -159,6 +161,7 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+@pytest.mark.slow
 def test_hanging_agent_is_killed_with_its_whole_process_group(stack, tmp_path):
     pids = tmp_path / "pids"
     argv = _script(
@@ -202,7 +205,8 @@ def test_the_agent_gets_a_working_base_url_key_and_task(stack, tmp_path):
         names = ["OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY",
                  "AGENTRL_TASK", "AGENTRL_SESSION_ID", "AGENTRL_MODEL"]
         seen = {{n: os.environ[n] for n in names}}
-        seen["models"] = httpx.get(os.environ["OPENAI_BASE_URL"] + "/models", timeout=10).json()
+        auth = {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}}
+        seen["models"] = httpx.get(os.environ["OPENAI_BASE_URL"] + "/models", headers=auth, timeout=10).json()
         json.dump(seen, open({str(out)!r}, "w"))
         from openai import OpenAI
         OpenAI().chat.completions.create(model="x", messages=json.loads(os.environ["AGENTRL_TASK"]))
