@@ -108,6 +108,8 @@ class RolloutConfig:
     """URL of a remote env server; empty runs the env in-process"""
     session_url: str = ""
     """URL of a session server; empty uses the in-process session manager"""
+    agent: str = ""
+    """a black-box agent command that plays each episode (run once per episode with OPENAI_BASE_URL, ANTHROPIC_BASE_URL, keys and AGENTRL_TASK set; see docs/session.md); empty: agentrl's own agent loop"""
     group_size: int = 8
     """G: episodes per task (a GRPO group)"""
     tasks_per_step: int = 8
@@ -162,6 +164,13 @@ class RolloutConfig:
             )
         if not isinstance(self.env_kwargs, dict):
             _fail("rollout", "env_kwargs", self.env_kwargs, "must be a table / JSON object")
+        if self.agent:
+            from agentrl.trainer.agent import agent_argv
+
+            agent_argv(self.agent)  # the command must split and its program exist
+            if self.session_url:
+                _fail("rollout", "agent", self.agent, "--agent runs its own session gateway in process; "
+                      "--session-url with --agent is not supported yet (leave --session-url out)")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@
     ├── ConfigError                (agentrl.errors) bad option / flag / TOML key, raised before heavy work
     └── TrainerError               any trainer failure below
         ├── RolloutError           a group could not be completed (infra retries exhausted)
+        ├── AgentError             an --agent program failed to play its episode (cannot start, crashed, hung)
         ├── BackendError           the training backend failed (bad batch, distributed setup, deadline)
         ├── LossInputError         (ValueError) a loss or advantage got inputs it cannot use (an RLOO group of 1)
         ├── WeightSyncError        pushing weights to the engine failed; the version was not bumped
@@ -21,6 +22,7 @@ from __future__ import annotations
 from agentrl.errors import AgentRLError
 
 __all__ = [
+    "AgentError",
     "BackendError",
     "CheckpointError",
     "LossInputError",
@@ -36,6 +38,11 @@ class TrainerError(AgentRLError):
 
 class RolloutError(TrainerError):
     """A group of episodes could not be completed (infrastructure retries exhausted)."""
+
+
+class AgentError(TrainerError):
+    """An ``--agent`` program failed its episode: it could not start, exited non-zero, outlived its
+    deadline or never called the model. Infrastructure: the rollout retries the episode, never scores it."""
 
 
 class BackendError(TrainerError):

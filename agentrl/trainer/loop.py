@@ -228,6 +228,11 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
             f"rollout.tasks_per_step={r.tasks_per_step}: must be a multiple of the {world} ranks, "
             "which each roll out an equal share of the tasks"
         )
+    if r.agent:
+        raise ConfigError(
+            f"rollout.agent={r.agent!r}: agent episodes under torchrun ({world} ranks) are not supported "
+            "yet; run one process (python -m agentrl.cli train ...)"
+        )
     if r.session_url or cfg.run.weight_sync != "inprocess":
         raise ConfigError(
             f"run.weight_sync={cfg.run.weight_sync!r}, rollout.session_url={r.session_url!r}: "

@@ -37,7 +37,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.engines.errors import ContextLengthError
 from agentrl.envs.core import StepResult
@@ -45,6 +45,9 @@ from agentrl.errors import ConfigError
 from agentrl.session.backend import SessionBackend
 from agentrl.trainer.errors import RolloutError
 from agentrl.types import Message, SamplingParams, Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.trainer.agent import AgentRunner
 
 __all__ = [
     "Episode",
@@ -146,7 +149,10 @@ class RolloutManager:
     """Runs groups of episodes of ``env_factory()`` envs through ``sessions``, a session backend.
 
     ``max_turns`` is ``rollout.max_turns``: ``None`` plays each episode up to the env's own
-    limit; see :func:`turn_limit` for a set value.
+    limit; see :func:`turn_limit` for a set value. With ``agent`` (an
+    :class:`~agentrl.trainer.agent.AgentRunner`), an agent program plays each episode
+    through the session gateway instead of this loop (:mod:`agentrl.trainer.agent`); it
+    owns its turns, and the env scores the outcome.
     """
 
     def __init__(
@@ -158,16 +164,20 @@ class RolloutManager:
         max_turns: int | None = None,
         max_infra_retries: int = 2,
         episode_timeout_s: float = 120.0,
+        agent: AgentRunner | None = None,
     ) -> None:
         self.env_factory, self.sessions = env_factory, sessions
         self.max_new_tokens, self.max_turns = max_new_tokens, max_turns
         self.max_infra_retries, self.episode_timeout_s = max_infra_retries, episode_timeout_s
+        self.agent = agent
 
     # ------------------------------------------------------------ one episode
 
     async def _episode_once(
         self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int
     ) -> Episode:
+        if self.agent is not None:
+            return await self._agent_episode_once(seed, group_id, index, temperature, attempt, salt)
         env = self.env_factory()
         sid = await self.sessions.create()
         reward, turns, truncated = 0.0, 0, False
@@ -206,21 +216,31 @@ class RolloutManager:
                 with contextlib.suppress(Exception):
                     await self.sessions.close(sid)
             await _aclose(env)
-        out = [
-            t.model_copy(
-                update={
-                    "reward": reward,
-                    "group_id": group_id,
-                    "episode_id": f"{group_id}/{index}",
-                    "status": status,
-                    "error": error,
-                    "truncated": truncated,
-                    "num_turns": turns,
-                }
-            )
-            for t in trajs
-        ]
+        out = _label(trajs, reward, f"{group_id}/{index}", status, error, truncated, turns)
         return Episode(seed, group_id, reward, out, status, error, turns, attempt + 1, completion, truncated)
+
+    async def _agent_episode_once(
+        self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int
+    ) -> Episode:
+        """One attempt of an agent episode (:meth:`AgentRunner.play`); AgentError is infrastructure."""
+        from agentrl.trainer.agent import turn_sampler
+
+        assert self.agent is not None
+        env = self.env_factory()
+        try:
+            task, _ = await _areset(env, seed)
+            sampling = turn_sampler(
+                temperature, self.max_new_tokens, lambda turn: episode_seed(salt, seed, index, turn, attempt)
+            )
+            where = f"{'eval' if salt < 0 else f'step-{salt}'}/{group_id}-{index}-a{attempt}"
+            reward, terminated, turns, trajs = await self.agent.play(env, list(task), sampling, where)
+        finally:
+            await _aclose(env)
+        completion = sum(sum(t.loss_mask) for t in trajs)
+        out = _label(trajs, reward, f"{group_id}/{index}", "ok", None, not terminated, turns)
+        return Episode(
+            seed, group_id, reward, out, "ok", None, turns, attempt + 1, completion, not terminated
+        )
 
     async def episode(
         self, seed: int, group_id: str, index: int, temperature: float, salt: int = 0
@@ -231,7 +251,9 @@ class RolloutManager:
             try:
                 return await asyncio.wait_for(
                     self._episode_once(seed, group_id, index, temperature, attempt, salt),
-                    self.episode_timeout_s,
+                    # an agent process has the episode's deadline itself (its group is killed there);
+                    # the margin leaves time to kill it, read its pipes and score the outcome
+                    self.episode_timeout_s + (30.0 if self.agent is not None else 0.0),
                 )
             except ConfigError:  # the run's settings do not fit the env: fail fast, not an infra failure
                 raise
@@ -359,6 +381,22 @@ def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> 
         else:
             metrics[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / max(sum(weights), 1)
     return RolloutResult(groups, metrics, errors[:1])
+
+
+def _label(
+    trajs: list[Trajectory],
+    reward: float,
+    episode_id: str,
+    status: str,
+    error: str | None,
+    truncated: bool,
+    turns: int,
+) -> list[Trajectory]:
+    """The episode's trajectories (one per segment), each with the episode's reward and outcome."""
+    group_id = episode_id.partition("/")[0]
+    update = {"reward": reward, "group_id": group_id, "episode_id": episode_id, "status": status,
+              "error": error, "truncated": truncated, "num_turns": turns}  # fmt: skip
+    return [t.model_copy(update=update) for t in trajs]
 
 
 def _is_bug(e: BaseException) -> bool:

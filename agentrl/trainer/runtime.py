@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
     from agentrl.engines.launcher import EngineServer
     from agentrl.envs import Env
+    from agentrl.session.embedded import EmbeddedGateway
+    from agentrl.trainer.agent import AgentRunner
 
 __all__ = [
     "Runtime",
@@ -74,6 +76,8 @@ class Runtime:
     server: Stoppable | None = None
     """The engine server(s) this run started (``--engine vllm``/``sglang`` without a URL, or the Ray
     replicas of ``--ray``); stopped on close."""
+    gateway: EmbeddedGateway | None = None
+    """With ``--agent``: the session gateway the agent programs talk to, on the run's loop; stopped on close."""
 
     @property
     def loop_timeout_s(self) -> float:
@@ -84,6 +88,8 @@ class Runtime:
     def close(self) -> None:
         """Release the sessions' connections, close the engine, stop the loop and the engine server."""
         try:
+            if self.gateway is not None:
+                self.gateway.stop()
             self.loop.run(self.sessions.aclose(), timeout_s=30.0, what="closing the session backend")
         finally:
             try:
@@ -199,13 +205,14 @@ def build_runtime(
             sessions, engine = _connect_session_server(cfg, loop, tokenizer, name)
         elif cfg.cluster.ray:  # the replicas start before the policy loads: a cluster too small fails fast
             engine, server = _ray_engines(cfg, name, run_dir, ranks)
-            sessions = _manager(tokenizer, engine, name)
+            sessions = _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent))
         elif cfg.model.engine != "hf":  # started (or reached) before the policy loads, for the same reason
             engine, server = _engine_server(cfg, name, run_dir, ranks)
-            sessions = _manager(tokenizer, engine, name)
+            sessions = _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent))
         policy = load_model(path).to(device=device, dtype=torch.float32)
         if not cfg.rollout.session_url and not cfg.cluster.ray and cfg.model.engine == "hf":
             sessions, engine = _local_sessions(cfg, tokenizer, path, name, device)
+        gateway, agent = _agent(cfg, sessions, loop, run_dir)
     except BaseException:
         loop.close()
         if server is not None:
@@ -219,11 +226,31 @@ def build_runtime(
         max_turns=r.max_turns,
         max_infra_retries=r.max_infra_retries,
         episode_timeout_s=r.episode_timeout_s,
+        agent=agent,
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Runtime(
-        cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, loop, int(pad), ranks, server
+        cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, loop, int(pad), ranks, server,
+        gateway,
+    )  # fmt: skip
+
+
+def _agent(
+    cfg: TrainConfig, sessions: SessionBackend, loop: LoopThread, run_dir: Path | None
+) -> tuple[EmbeddedGateway | None, AgentRunner | None]:
+    """With ``rollout.agent``: the session gateway on the run's loop and the runner of the agent program."""
+    if not cfg.rollout.agent:
+        return None, None
+    from agentrl.session.embedded import EmbeddedGateway, GatewayManager
+    from agentrl.trainer.agent import AgentRunner, agent_argv
+
+    assert isinstance(sessions, GatewayManager)
+    gateway = EmbeddedGateway(sessions, loop, default_max_tokens=cfg.rollout.max_new_tokens).start()
+    log_dir = run_dir / "agents" if run_dir is not None else None
+    runner = AgentRunner(
+        agent_argv(cfg.rollout.agent), gateway, timeout_s=cfg.rollout.episode_timeout_s, log_dir=log_dir
     )
+    return gateway, runner
 
 
 def _local_sessions(
@@ -235,13 +262,16 @@ def _local_sessions(
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     engine = HFEngine(load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0)
-    return _manager(tokenizer, engine, name), engine
+    return _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent)), engine
 
 
-def _manager(tokenizer: Any, engine: Engine, name: str) -> SessionBackend:
+def _manager(tokenizer: Any, engine: Engine, name: str, *, gateway: bool = False) -> SessionBackend:
+    """The in-process session manager; ``gateway``: one whose sessions can pin sampling (``--agent``)."""
+    from agentrl.session.embedded import GatewayManager
     from agentrl.session.manager import SessionManager
 
-    return SessionManager(tokenizer, engine, model_name=name)
+    cls = GatewayManager if gateway else SessionManager
+    return cls(tokenizer, engine, model_name=name)
 
 
 def _engine_server(

@@ -1,0 +1,289 @@
+"""Agent episodes: an unmodified agent program plays each episode through the session gateway.
+
+With ``rollout.agent = "CMD"`` (`agentrl train --agent CMD`) an episode is::
+
+    messages, _ = await env.areset(seed)                       # the task
+    POST {gateway}/sessions -> id, base_url (and a key, where the server issues one)
+    gateway.manager.pin(id, the run's sampling per turn)       # T=1 + seeds in training, greedy in eval
+    CMD runs with OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY,
+        AGENTRL_TASK (the messages as JSON), AGENTRL_SESSION_ID, AGENTRL_MODEL
+        in its own process group, under the episode's deadline
+    reward = env.score_agent(outcome)       # or, without that hook: env.step(the model's last reply)
+    trajectories = await sessions.close(id)  # exactly what the model sampled, every segment
+
+The agent owns its loop (its prompts, tools, turn limit); agentrl owns the tokens (the
+ledger) and the reward (the env). Failures are classified as everywhere in the rollout:
+
+- **infrastructure** (:class:`~agentrl.trainer.errors.AgentError`): the command cannot start,
+  exits non-zero, outlives ``episode_timeout_s`` (its whole process group is killed) or never
+  calls the model. The rollout retries the episode on a fresh env and session, up to
+  ``max_infra_retries``, and counts it; it is never scored 0.
+- **the model's**: whatever the model said (a malformed tool call, no answer, a wrong one) is
+  what the env scores. An agent should therefore exit 0 when the *model* failed (the example
+  agents catch their SDK's "model behaved badly" errors) and non-zero only when it broke.
+
+Every attempt's command, exit status, time, stdout and stderr go to
+``log_dir/<step-N|eval>/<group>-<episode>-a<attempt>.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentrl.errors import ConfigError
+from agentrl.session.embedded import EmbeddedGateway, GatewayManager
+from agentrl.trainer.errors import AgentError
+from agentrl.types import Message, SamplingParams, Trajectory
+
+__all__ = ["AgentOutcome", "AgentRun", "AgentRunner", "agent_argv", "run_agent", "score_agent"]
+
+_KILL_GRACE_S = 5.0
+"""How long to wait for a killed process group and its pipes before giving up on them."""
+
+
+def agent_argv(command: str) -> list[str]:
+    """``rollout.agent`` split as a shell would (no shell runs it); ConfigError if it cannot run here."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise ConfigError(
+            f"rollout.agent={command!r}: cannot split it into arguments: {e} (check the quotes)"
+        ) from None
+    if not argv:
+        raise ConfigError(
+            f"rollout.agent={command!r}: empty; give the agent's command, e.g. 'python my_agent.py'"
+        )
+    if shutil.which(argv[0]) is None:
+        raise ConfigError(
+            f"rollout.agent={command!r}: {argv[0]!r} is not an executable on PATH or a path to one "
+            "(give the interpreter and the script, e.g. 'python examples/agents/openai_agents_agent.py')"
+        )
+    return argv
+
+
+@dataclass
+class AgentRun:
+    """How one agent process ended."""
+
+    returncode: int | None
+    """None when it was killed at its deadline"""
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool = False
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def run_agent(
+    argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None = None
+) -> AgentRun:
+    """Run ``argv`` in its own session and process group, at most ``timeout_s`` seconds.
+
+    The group is killed when the process exits (children it left behind go with it), when
+    it outlives its deadline, and when the caller is cancelled; nothing is left running.
+    Raises AgentError when the command cannot start.
+    """
+    t0 = time.perf_counter()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except OSError as e:
+        raise AgentError(f"agent command {shlex.join(argv)!r} could not start: {e}") from None
+    assert proc.stdout is not None and proc.stderr is not None
+    reads = [asyncio.ensure_future(proc.stdout.read()), asyncio.ensure_future(proc.stderr.read())]
+    timed_out = False
+    try:
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    except TimeoutError:
+        timed_out = True
+    finally:
+        _kill_group(proc.pid)
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(proc.wait(), _KILL_GRACE_S)
+        _, pending = await asyncio.wait(reads, timeout=_KILL_GRACE_S)
+        for r in pending:  # a pipe held open by a process that left the group: give up on it
+            r.cancel()
+    out, err = (r.result().decode(errors="replace") if r.done() and not r.cancelled() else "" for r in reads)
+    code = None if timed_out else proc.returncode
+    return AgentRun(code, out, err, time.perf_counter() - t0, timed_out)
+
+
+@dataclass
+class AgentOutcome:
+    """What an env scores at the end of an agent episode (its ``score_agent`` hook gets this)."""
+
+    task: list[Message]
+    """the env's first messages, as the agent received them (``AGENTRL_TASK``)"""
+    messages: list[Message]
+    """the conversation of the session's last segment: the agent's last request plus the model's reply"""
+    stdout: str
+    """what the agent printed (its own report of the answer; the model's words are in ``messages``)"""
+    turns: int
+    """model calls over the whole session (every segment)"""
+    trajectories: list[Trajectory] = field(default_factory=list)
+    """the exact tokens of every segment (the reward is not set yet)"""
+
+    @property
+    def answer(self) -> Message | None:
+        """The model's last reply, if it made one."""
+        return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
+
+
+async def score_agent(env: Any, outcome: AgentOutcome) -> tuple[float, bool]:
+    """``(reward, terminated)`` of a finished agent episode.
+
+    An env with a ``score_agent(outcome) -> float`` method (sync or async) decides; the
+    episode counts as terminated. Otherwise the model's last reply is the env's action:
+    ``env.step(answer)`` (an env that scores a final answer, as countdown or calculator do,
+    needs nothing more), and ``terminated`` is what the env says.
+    """
+    hook = getattr(env, "score_agent", None)
+    if hook is not None:
+        value = hook(outcome)
+        if asyncio.iscoroutine(value):
+            value = await value
+        return float(value), True
+    if outcome.answer is None:
+        raise AgentError("the agent never got a reply from the model, so there is nothing to score")
+    if hasattr(env, "astep"):
+        res = await env.astep(outcome.answer)
+    else:
+        res = await asyncio.to_thread(env.step, outcome.answer)
+    _, reward, terminated, _, _ = res
+    return float(reward), bool(terminated)
+
+
+class AgentRunner:
+    """Plays episodes with the agent program ``argv`` through ``gateway`` (see the module docstring)."""
+
+    def __init__(
+        self, argv: list[str], gateway: EmbeddedGateway, *, timeout_s: float, log_dir: Path | None = None
+    ) -> None:
+        if not isinstance(gateway.manager, GatewayManager):
+            raise ConfigError(
+                "the agent gateway must serve a GatewayManager (its sessions pin the run's sampling)"
+            )
+        self.argv, self.gateway, self.timeout_s, self.log_dir = argv, gateway, timeout_s, log_dir
+        self.manager: GatewayManager = gateway.manager
+
+    async def _create(self) -> tuple[str, dict[str, str]]:
+        """A session on the gateway: its id and the variables that point the agent's SDKs at it.
+
+        The key is the one the server issued (``api_key``), else a placeholder; the Anthropic
+        base URL is the server's ``anthropic_base_url``, else the OpenAI one without ``/v1``
+        (the Anthropic SDK appends ``/v1/messages`` itself).
+        """
+        url = self.gateway.url
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0)) as http:
+            resp = await http.post(f"{url}/sessions", json={})
+        if resp.status_code != 201:
+            raise AgentError(f"POST {url}/sessions answered {resp.status_code}: {resp.text[:300]}")
+        body = resp.json()
+        base = str(body["base_url"])
+        key = str(body.get("api_key") or "agentrl-no-key")
+        urls = {
+            "OPENAI_BASE_URL": url + base,
+            "OPENAI_API_KEY": key,
+            "ANTHROPIC_BASE_URL": url + str(body.get("anthropic_base_url") or base.removesuffix("/v1")),
+            "ANTHROPIC_API_KEY": key,
+        }
+        return str(body["id"]), urls
+
+    def _environ(self, sid: str, urls: dict[str, str], task: list[Message]) -> dict[str, str]:
+        return {
+            **os.environ,
+            **urls,
+            "AGENTRL_TASK": json.dumps([m.model_dump(exclude_none=True) for m in task]),
+            "AGENTRL_SESSION_ID": sid,
+            "AGENTRL_MODEL": self.manager.model_name,
+        }
+
+    def _log(self, where: str, run: AgentRun) -> None:
+        if self.log_dir is None:
+            return
+        path = self.log_dir / f"{where}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        status = "killed at its deadline" if run.timed_out else f"exit {run.returncode}"
+        path.write_text(
+            f"$ {shlex.join(self.argv)}\n# {status} after {run.seconds:.2f} s\n"
+            f"--- stdout\n{run.stdout}\n--- stderr\n{run.stderr}\n"
+        )
+
+    async def play(
+        self,
+        env: Any,
+        task: list[Message],
+        sampling: Any,
+        where: str,
+    ) -> tuple[float, bool, int, list[Trajectory]]:
+        """One attempt: ``(reward, terminated, turns, trajectories)``; AgentError on an agent failure.
+
+        ``sampling(turn) -> SamplingParams`` is pinned on the session; ``where`` names the log file.
+        """
+        sid, urls = await self._create()
+        closed = False
+        try:
+            self.manager.pin(sid, sampling)
+            run = await run_agent(self.argv, self._environ(sid, urls, task), self.timeout_s)
+            self._log(where, run)
+            cmd = shlex.join(self.argv)
+            if run.timed_out:
+                raise AgentError(
+                    f"agent {cmd!r} did not exit within {self.timeout_s:g} s (rollout.episode_timeout_s); its "
+                    f"process group was killed; stderr ends: {run.stderr[-300:]!r}"
+                )
+            if run.returncode != 0:
+                raise AgentError(
+                    f"agent {cmd!r} exited with status {run.returncode}; stderr ends: {run.stderr[-500:]!r}"
+                )
+            ledger = self.manager.ledger(sid)
+            turns = sum(len(s.turns) for s in ledger.segments)
+            if not turns:
+                raise AgentError(
+                    f"agent {cmd!r} exited 0 without calling the model (is it using OPENAI_BASE_URL / "
+                    f"ANTHROPIC_BASE_URL?); stdout ends: {run.stdout[-300:]!r}"
+                )
+            messages = list(ledger.current.messages) if ledger.current is not None else []
+            trajs = await self.manager.close(sid)
+            closed = True
+            outcome = AgentOutcome(list(task), messages, run.stdout, turns, trajs)
+            reward, terminated = await score_agent(env, outcome)
+            return reward, terminated, turns, trajs
+        finally:
+            if not closed:
+                with contextlib.suppress(Exception):
+                    await self.manager.close(sid)
+
+
+def turn_sampler(temperature: float, max_new_tokens: int, seed_of: Any) -> Any:
+    """The pinned sampling of an agent episode: ``turn -> SamplingParams`` (``seed_of(turn)`` seeds it)."""
+
+    def sampling(turn: int) -> SamplingParams:
+        return SamplingParams.model_validate(
+            {"temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed_of(turn)}
+        )
+
+    return sampling

@@ -1,0 +1,103 @@
+"""An agent written with the OpenAI Agents SDK, trained unchanged by `agentrl train --agent`.
+
+Nothing here knows about agentrl beyond the environment it is started in, which is what
+the OpenAI SDK reads anyway (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``) plus the task::
+
+    AGENTRL_TASK     the env's first messages, a JSON list of {"role", "content"}
+    OPENAI_BASE_URL  http://127.0.0.1:PORT/sessions/<id>/v1 (this episode's session)
+    OPENAI_API_KEY   the session's key
+
+The agent uses the Chat Completions model of the SDK (``OpenAIChatCompletionsModel``),
+one function tool (``calculate``), and no tracing (it would try to upload traces). It
+prints its final answer on stdout; the env scores the episode from what the model said
+in the session (see docs/environments.md, "Scoring an agent's episode"). When the *model*
+fails (it keeps calling tools, or calls one that does not exist) the agent still exits 0:
+that is data for training; a non-zero exit tells agentrl the agent itself broke, and the
+episode is retried.
+
+Run it by hand against a session server::
+
+    agentrl serve-session --model tiny --port 8100 &
+    sid=$(curl -s -X POST 127.0.0.1:8100/sessions | python -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+    OPENAI_BASE_URL=http://127.0.0.1:8100/sessions/$sid/v1 OPENAI_API_KEY=unused \
+      AGENTRL_TASK='[{"role": "user", "content": "What is 3*4?"}]' python examples/agents/openai_agents_agent.py
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+from fractions import Fraction
+
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
+from openai import AsyncOpenAI
+
+
+def _evaluate(expression: str) -> str:
+    """+ - * / over numbers, exactly (no eval of arbitrary code)."""
+
+    def ev(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            ops = {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}
+            if type(node.op) in ops:
+                return ops[type(node.op)]
+            if isinstance(node.op, ast.Div) and b != 0:
+                return a / b
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return Fraction(str(node.value))
+        raise ValueError(f"cannot evaluate {expression!r}")
+
+    value = ev(ast.parse(expression, mode="eval").body)
+    return str(value.numerator) if value.denominator == 1 else f"{float(value):.6g}"
+
+
+@function_tool
+def calculate(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly.
+
+    Args:
+        expression: numbers with + - * / and parentheses, e.g. "(12+3)*4"
+    """
+    try:
+        return _evaluate(expression)
+    except (ValueError, SyntaxError) as e:  # a bad expression is the model's mistake: it sees why
+        return f"error: {e}"
+
+
+async def main() -> None:
+    set_tracing_disabled(True)
+    task = json.loads(os.environ["AGENTRL_TASK"])
+    client = AsyncOpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    agent = Agent(
+        name="calculator",
+        model=OpenAIChatCompletionsModel(
+            model=os.environ.get("AGENTRL_MODEL", "agentrl"), openai_client=client
+        ),
+        tools=[calculate],
+        model_settings=ModelSettings(max_tokens=64),
+    )
+    try:
+        result = await Runner.run(agent, task, max_turns=4)
+    except (MaxTurnsExceeded, ModelBehaviorError) as e:
+        # the model's failure (it kept calling tools, or called one that does not exist): the env
+        # scores what it said, so this is a normal end of the episode, not a crash
+        print(f"no answer: {type(e).__name__}: {e}")
+        return
+    print(result.final_output)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
