@@ -57,6 +57,7 @@ def _serve_env(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         expose_oracle=args.expose_oracle,
         env_threads=args.env_threads,
+        protocol=args.protocol,
     )
     serve(config, host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -93,7 +94,7 @@ def _add_check_env(sub: Any) -> None:
 
 
 def _add_serve_env(sub: Any) -> None:
-    from agentrl.envs.server_config import ServerConfig
+    from agentrl.envs.server_config import PROTOCOLS, ServerConfig
 
     d = ServerConfig(env_ids=["x"])  # the defaults, shown in --help
     p = sub.add_parser("serve-env", help="serve environments over HTTP (FastAPI + uvicorn)")
@@ -120,6 +121,13 @@ def _add_serve_env(sub: Any) -> None:
         "--expose-oracle",
         action="store_true",
         help="serve POST /episodes/{id}/oracle (gold actions; leaks answers, off by default)",
+    )
+    p.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default=d.protocol,
+        help="agentrl (/episodes routes), openenv (OpenEnv's /reset /step /ws /mcp; one env) or both "
+        f"(default {d.protocol})",
     )
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(func=_serve_env)
