@@ -55,6 +55,7 @@ from agentrl.envs.errors import (
     ResetNeededError,
     ServerBusyError,
 )
+from agentrl.errors import ConfigError
 from agentrl.types import FunctionSpec, Message, ToolSpec
 
 __all__ = ["OpenEnvRemoteEnv", "OpenEnvSpec", "detect_protocol", "discover"]
@@ -212,6 +213,12 @@ class OpenEnvRemoteEnv(Env):
         if self.server.passthrough:
             return list(self._passthrough_tools)
         return [self.server.tool]
+
+    def oracle_action(self) -> Message:
+        raise ConfigError(
+            f"the OpenEnv env at {self.url} has no gold actions (OpenEnv has none), so there is no "
+            "supervised warm start: train with --sft-steps 0"
+        )
 
     def _reset_frame(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
         data: dict[str, Any] = {**self.reset_options, **(options or {})}

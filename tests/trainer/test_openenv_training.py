@@ -79,3 +79,15 @@ def test_train_on_an_openenv_library_env(url: str, protocol: str, tmp_path: Path
     before = load_file(str(Path(resolve("tiny")) / "model.safetensors"))
     after = load_file(str(run / "checkpoints" / "step-2" / "model.safetensors"))
     assert any(not before[k].equal(after[k]) for k in before)
+
+
+@pytest.mark.slow
+def test_a_warm_start_on_an_openenv_env_says_there_are_no_gold_actions(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["train", "--env-url", url, "--model", "tiny", "--steps", "1", "--group-size", "2",
+            "--tasks-per-step", "1", "--sft-steps", "2", "--no-progress", "--no-tensorboard",
+            "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "has no gold actions (OpenEnv has none)" in err and "train with --sft-steps 0" in err
