@@ -63,6 +63,30 @@ def _serve_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_build(args: argparse.Namespace) -> int:
+    from agentrl.envs.images import build_env_image
+
+    build_env_image(args.env, tag=args.tag, imports=args.imports)
+    return 0
+
+
+def _add_env_group(sub: Any) -> None:
+    p = sub.add_parser(
+        "env", help="package environments: env build NAME makes a Docker image serving one env"
+    )
+    group = p.add_subparsers(dest="env_command", metavar="SUBCOMMAND", parser_class=type(p))
+    group.required = True
+    b = group.add_parser(
+        "build",
+        help="build a Docker image that serves one env (serve-env, both protocols, port 8000) offline "
+        "from the local sandbox base image",
+    )
+    b.add_argument("env", metavar="ENV", help="an env id, module:Class or path/to/file.py:Class")
+    b.add_argument("--tag", default=None, help="image tag (default agentrl-env-NAME:latest)")
+    _add_import(b)
+    b.set_defaults(func=_env_build)
+
+
 def _add_import(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--import",
@@ -139,3 +163,4 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_envs)
     _add_check_env(sub)
     _add_serve_env(sub)
+    _add_env_group(sub)
