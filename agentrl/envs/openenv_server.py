@@ -53,7 +53,14 @@ from agentrl.envs.openenv_wire import (
 )
 from agentrl.envs.registry import make
 from agentrl.envs.server_state import Episode, ServerState
-from agentrl.envs.server_wire import CreateEpisode, EnvHTTPError, ResetRequest, StepRequest, json_response
+from agentrl.envs.server_wire import (
+    CreateEpisode,
+    EnvHTTPError,
+    ResetRequest,
+    StepRequest,
+    json_bytes,
+    json_response,
+)
 from agentrl.httpkit import validation_message
 from agentrl.types import FunctionCall, Message, ToolCall
 
@@ -370,7 +377,7 @@ async def ws(websocket: WebSocket) -> None:
     try:
         while True:
             raw = await websocket.receive_text()
-            await websocket.send_text(json.dumps(await _frame(s, ep, raw), default=str))
+            await websocket.send_text(json_bytes(await _frame(s, ep, raw)).decode())
     except WebSocketDisconnect:
         pass
     except _Close:
@@ -432,4 +439,4 @@ def _error_frame(message: str, code: str, infra_error: str | None = None) -> dic
 
 
 async def _send_error(websocket: WebSocket, e: EnvHTTPError) -> None:
-    await websocket.send_text(json.dumps(_error_frame(e.detail, _ws_code(e), e.infra_error)))
+    await websocket.send_text(json_bytes(_error_frame(e.detail, _ws_code(e), e.infra_error)).decode())
