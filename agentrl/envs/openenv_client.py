@@ -397,7 +397,8 @@ class OpenEnvRemoteEnv(Env):
         for attempt in range(self.retries + 1):  # safe to repeat: a reset replaces the session's state
             try:
                 return self._after_reset(self._ask(self._reset_frame(seed, options)))
-            except (EnvConnectionError, EnvTimeoutError):
+            except (EnvConnectionError, EnvTimeoutError, ServerBusyError):
+                self._drop()  # a full server closes the socket after its CAPACITY_REACHED frame
                 if attempt == self.retries:
                     raise
                 time.sleep(self.backoff_s * 2**attempt)
@@ -465,7 +466,8 @@ class OpenEnvRemoteEnv(Env):
         for attempt in range(self.retries + 1):
             try:
                 return self._after_reset(await self._aask(self._reset_frame(seed, options)))
-            except (EnvConnectionError, EnvTimeoutError):
+            except (EnvConnectionError, EnvTimeoutError, ServerBusyError):
+                await self._adrop()
                 if attempt == self.retries:
                     raise
                 await asyncio.sleep(self.backoff_s * 2**attempt)

@@ -374,12 +374,25 @@ async def ws(websocket: WebSocket) -> None:
         await _send_error(websocket, e)
         await websocket.close()
         return
+    limit = s.state.config.max_body_bytes
     try:
         while True:
-            raw = await websocket.receive_text()
-            await websocket.send_text(json_bytes(await _frame(s, ep, raw)).decode())
-    except WebSocketDisconnect:
-        pass
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            raw = message.get("text")
+            if raw is None:  # a binary frame: JSON in UTF-8 is accepted too
+                raw = (message.get("bytes") or b"").decode("utf-8", errors="replace")
+            if len(raw) > limit:
+                answer = _error_frame(
+                    f"frame of {len(raw)} bytes exceeds the limit of {limit} bytes (serve-env --max-body-bytes)",
+                    "VALIDATION_ERROR",
+                )
+            else:
+                answer = await _frame(s, ep, raw)
+            await websocket.send_text(json_bytes(answer).decode())
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass  # the client went away (mid-answer too): its episode is closed below
     except _Close:
         await websocket.close()
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from openenv.core.env_server.http_server import create_fastapi_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 
-from agentrl.envs import EnvConnectionError, EnvServerError, make
+from agentrl.envs import EnvConnectionError, EnvServerError, ServerBusyError, make
 from agentrl.envs.openenv_client import OpenEnvRemoteEnv, detect_protocol, discover, render
 from agentrl.envs.server import ServerConfig
 from agentrl.envs.server import create_app as agentrl_app
@@ -237,3 +238,29 @@ def test_agentrl_env_through_its_own_openenv_surface_is_unchanged() -> None:
 def test_render_is_the_lone_string_or_sorted_json() -> None:
     assert render({"prompt": "hi", "metadata": {"x": 1}}) == "hi"
     assert render({"b": 1, "a": "x"}) == '{"a":"x","b":1}'
+
+
+def test_a_full_openenv_server_is_busy_then_retried() -> None:
+    with BackgroundServer(
+        create_fastapi_app(Walk, MoveAction, GridObservation, max_concurrent_envs=1)
+    ) as srv:
+        first = OpenEnvRemoteEnv(srv.url)
+        second = OpenEnvRemoteEnv(srv.url, retries=1, backoff_s=0.01)
+        try:
+            first.reset(seed=0)
+            with pytest.raises(ServerBusyError, match="CAPACITY_REACHED"):
+                second.reset(seed=0)
+            first.close()
+            deadline = (
+                time.monotonic() + 10
+            )  # the slot frees once the server handled the first socket's close
+            while True:
+                try:
+                    messages, _ = second.reset(seed=0)
+                    break
+                except ServerBusyError:
+                    assert time.monotonic() < deadline, "the closed session's slot was never freed"
+            assert json.loads(messages[0].content or "")["x"] == 0
+        finally:
+            first.close()
+            second.close()

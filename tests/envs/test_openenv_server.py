@@ -277,3 +277,30 @@ def test_serve_env_cli_with_protocol_openenv_passes_validate() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_full_server_refuses_a_new_session_with_a_frame_and_big_frames_are_refused() -> None:
+    from websockets.sync.client import connect
+
+    config = ServerConfig(env_ids=["countdown-v0"], protocol="openenv", max_episodes=1, max_body_bytes=2_000)
+    with BackgroundServer(create_app(config)) as srv:
+        ws_url = srv.url.replace("http://", "ws://") + "/ws"
+        with connect(ws_url, open_timeout=5) as first:
+            first.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            assert json.loads(first.recv(timeout=10))["type"] == "observation"
+            with connect(ws_url, open_timeout=5) as second:
+                refused = json.loads(second.recv(timeout=10))
+                assert (
+                    refused["data"]["code"] == "CAPACITY_REACHED"
+                    and "cap of 1 is reached" in refused["data"]["message"]
+                )
+            first.send(json.dumps({"type": "step", "data": {"content": "x" * 5_000}}))
+            big = json.loads(first.recv(timeout=10))
+            assert (
+                big["data"]["code"] == "VALIDATION_ERROR"
+                and "exceeds the limit of 2000 bytes" in big["data"]["message"]
+            )
+            first.send(
+                json.dumps({"type": "step", "data": {"content": "<answer>1</answer>"}}).encode()
+            )  # binary
+            assert json.loads(first.recv(timeout=10))["data"]["done"] is True
