@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from agentrl.models import resolve
 from agentrl.trainer.metrics import read_jsonl
 
 SEEN: list[str] = []  # every action the OpenEnv env received, across its sessions
+OPEN: list[int] = [0]  # OpenEnv sessions alive (an env per session; the server closes it with its socket)
 LOCK = threading.Lock()
 
 
@@ -38,6 +40,12 @@ class SayMore(Environment[SayAction, SayObservation, State]):
     def __init__(self) -> None:
         super().__init__()
         self._state = State()
+        with LOCK:
+            OPEN[0] += 1
+
+    def close(self) -> None:
+        with LOCK:
+            OPEN[0] -= 1
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> SayObservation:
         return SayObservation(prompt=f"Say something long (task {seed}).")
@@ -75,6 +83,10 @@ def test_train_on_an_openenv_library_env(url: str, protocol: str, tmp_path: Path
         assert (r["rollout/episodes_ok"], r["rollout/episodes_infra_error"]) == (8.0, 0.0)
         assert r["rollout/reward"] > 0.0
     assert len(SEEN) == 2 * 8 + 2 * 2  # the train steps' episodes and the two evals'
+    deadline = time.monotonic() + 10
+    while OPEN[0] and time.monotonic() < deadline:  # every episode closed its session
+        time.sleep(0.05)
+    assert OPEN[0] == 0
     # rewards differed inside groups, so the update moved the weights
     before = load_file(str(Path(resolve("tiny")) / "model.safetensors"))
     after = load_file(str(run / "checkpoints" / "step-2" / "model.safetensors"))
