@@ -21,7 +21,9 @@ Where OpenEnv's reference server and this one differ:
   client cannot play a multi-turn episode. Here ``/reset`` starts an episode (or resets the one
   named by ``episode_id``) and answers its id in ``metadata.episode_id``; ``/step`` and
   ``/state`` take that id. A ``/step`` without it is a 422 that says so.
-- A WebSocket session is one episode; it is closed when the socket closes.
+- A WebSocket session is one episode; it is closed when the socket closes. ``/ws?session_id=ID``
+  attaches the socket to the episode of an HTTP MCP session instead (what OpenEnv's
+  ``MCPToolClient`` does); that episode lives on until ``openenv/session/close`` or the TTL.
 - ``tools/call`` on ``/mcp`` is one env step (one assistant turn that calls one tool): it counts
   toward ``max_turns`` and its reward and ``done`` come back in the result's ``_meta``.
 """
@@ -78,6 +80,8 @@ class OpenEnvSurface:
         self.env_id = env_id
         self.spec = state.served[env_id]
         self._tools: list[dict[str, Any]] | None = None
+        self.attached: set[str] = set()
+        """Episodes of HTTP MCP sessions a WebSocket is attached to (``/ws?session_id=``)."""
 
     # ---------------------------------------------------------- episodes
     async def create(self, episode_id: str | None = None) -> Episode:
@@ -368,8 +372,15 @@ async def ws(websocket: WebSocket) -> None:
     """One episode per connection; every frame gets one answer frame, errors included."""
     s = _surface(websocket)
     await websocket.accept()
+    attach = websocket.query_params.get("session_id")
     try:
-        ep = await s.create()
+        if attach:  # the episode of an HTTP MCP session (openenv/session/create): shared, not owned
+            ep = s.state.get(attach)
+            if attach in s.attached:
+                raise EnvHTTPError(409, f"session {attach!r} already has a WebSocket attached; one at a time")
+            s.attached.add(attach)
+        else:
+            ep = await s.create()
     except EnvHTTPError as e:
         await _send_error(websocket, e)
         await websocket.close()
@@ -396,7 +407,9 @@ async def ws(websocket: WebSocket) -> None:
     except _Close:
         await websocket.close()
     finally:
-        if ep.id in s.state.episodes:
+        if attach:
+            s.attached.discard(attach)  # the session lives on until openenv/session/close (or the TTL)
+        elif ep.id in s.state.episodes:
             s.state.close_episode(ep.id)
 
 

@@ -304,3 +304,26 @@ def test_a_full_server_refuses_a_new_session_with_a_frame_and_big_frames_are_ref
                 json.dumps({"type": "step", "data": {"content": "<answer>1</answer>"}}).encode()
             )  # binary
             assert json.loads(first.recv(timeout=10))["data"]["done"] is True
+
+
+def test_openenv_mcp_tool_client_shares_one_episode_over_http_mcp_and_the_socket(
+    url: str, http: httpx.Client
+) -> None:
+    from openenv.core.mcp_client import MCPToolClient
+
+    async def play() -> tuple[list[str], Any, Any]:
+        async with MCPToolClient(base_url=url) as env:  # production mode: HTTP /mcp session + attached /ws
+            await env.reset(seed=2)
+            tools = [t.name for t in await env.list_tools()]
+            result = await env.call_tool("calculate", expression="6*7")
+            return tools, result, await env.state()
+
+    before = live(http)
+    tools, result, state = asyncio.run(play())
+    assert tools == ["calculate"]
+    assert result["content"] == [{"type": "text", "text": "42"}]
+    assert state.step_count == 1  # the tool call stepped the socket's episode: one session, not two
+    deadline = time.monotonic() + 5
+    while live(http) > before and time.monotonic() < deadline:  # the client closes its session on exit
+        time.sleep(0.05)
+    assert live(http) == before
