@@ -129,6 +129,7 @@ def test_the_container_answers_both_protocols(served: str) -> None:
         assert (r.reward, r.done) == (0.0, True)
 
 
+@pytest.mark.slow
 def test_dependencies_are_what_serving_the_env_imports() -> None:
     probe = dependency_roots("countdown", [])
     assert probe["env_id"] == "countdown-v0"
@@ -147,6 +148,7 @@ def test_dependencies_are_what_serving_the_env_imports() -> None:
     assert image_tag("my/shout_env.py:ShoutEnv") == "agentrl-env-shoutenv:latest"
 
 
+@pytest.mark.slow
 def test_an_unknown_env_is_named_before_any_build() -> None:
     with pytest.raises(ImageBuildError, match=r"cannot build env 'countdwn'.*did you mean 'countdown'"):
         dependency_roots("countdwn", [])

@@ -196,6 +196,7 @@ def test_env_errors_and_dead_servers_are_infrastructure_errors(walk_url: str) ->
         dead.reset(seed=0)
 
 
+@pytest.mark.slow
 def test_many_async_episodes_at_once(reverse_url: str) -> None:
     async def play(seed: int) -> float:
         env = OpenEnvRemoteEnv(reverse_url, max_turns=1)

@@ -72,6 +72,7 @@ def live(http: httpx.Client) -> int:
     return int(http.get("/health").json()["live_episodes"])
 
 
+@pytest.mark.slow
 def test_openenv_validate_passes_every_criterion(url: str) -> None:
     report = validate(url)
     outcome = {c["id"]: c["passed"] for c in report["criteria"]}
@@ -80,6 +81,7 @@ def test_openenv_validate_passes_every_criterion(url: str) -> None:
     assert report["standard_profile"] == "openenv-http/1.x"
 
 
+@pytest.mark.slow
 def test_both_protocols_on_one_server_validate_and_keep_agentrl_routes() -> None:
     config = ServerConfig(env_ids=["countdown-v0"], protocol="both")
     with BackgroundServer(create_app(config)) as srv:
