@@ -371,7 +371,9 @@ class OpenEnvRemoteEnv(Env):
         if self._ws is None:
             self._ws = self._connect()
         try:
-            self._ws.send(json.dumps(frame))
+            # a refused session sends its error frame, then closes: read that frame (recv raises if none)
+            with contextlib.suppress(ConnectionClosed):
+                self._ws.send(json.dumps(frame))
             raw = self._ws.recv(timeout=self.read_timeout)
         except TimeoutError as e:
             self._drop()
@@ -440,7 +442,8 @@ class OpenEnvRemoteEnv(Env):
                     await asyncio.sleep(self.backoff_s * 2**attempt)
         assert self._aws is not None
         try:
-            await self._aws.send(json.dumps(frame))
+            with contextlib.suppress(ConnectionClosed):  # as in _ask: a refusal frame may be queued
+                await self._aws.send(json.dumps(frame))
             raw = await asyncio.wait_for(self._aws.recv(), self.read_timeout)
         except TimeoutError as e:
             await self._adrop()
