@@ -59,13 +59,17 @@ def _raise_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 65536), hard), hard))
 
 
-def _serve(port: int, max_episodes: int, env_threads: int) -> None:
+def _serve(port: int, max_episodes: int, env_threads: int, protocol: str) -> None:
     from agentrl.envs.server import ServerConfig, serve
 
     _raise_fd_limit()
     serve(
         ServerConfig(
-            env_ids=[ENV_ID], max_episodes=max_episodes, episode_ttl_s=3600, env_threads=env_threads
+            env_ids=[ENV_ID],
+            max_episodes=max_episodes,
+            episode_ttl_s=3600,
+            env_threads=env_threads,
+            protocol="both" if protocol == "openenv" else "agentrl",
         ),
         port=port,
     )
@@ -131,6 +135,50 @@ async def _episode_worker(
     writer.close()
 
 
+async def _ws_worker(
+    port: int,
+    stop_at: list[float],
+    latencies: list[float],
+    errors: list[str],
+    ready: asyncio.Event,
+    go: asyncio.Event,
+) -> None:
+    """One OpenEnv WebSocket session (one episode): reset, then step frames as fast as answered."""
+    from websockets.asyncio.client import connect
+
+    try:
+        ws = await connect(
+            f"ws://127.0.0.1:{port}/ws", compression=None, ping_interval=None, open_timeout=60, proxy=None
+        )
+    except (OSError, TimeoutError, ValueError) as e:
+        errors.append(f"connect: {type(e).__name__}: {e}")
+        ready.set()
+        return
+    try:
+        await ws.send('{"type": "reset", "data": {"seed": 0}}')
+        answer = await asyncio.wait_for(ws.recv(), 30.0)
+        if '"observation"' not in answer[:40]:
+            errors.append(f"reset {answer[:100]!r}")
+            return
+        ready.set()
+        await go.wait()
+        frame = json.dumps({"type": "step", "data": {"content": "x"}})
+        while time.perf_counter() < stop_at[0]:
+            t0 = time.perf_counter()
+            await ws.send(frame)
+            answer = await asyncio.wait_for(ws.recv(), 30.0)
+            if answer.startswith('{"type":"observation"'):
+                latencies.append(time.perf_counter() - t0)
+            else:
+                errors.append(f"step {answer[:100]!r}")
+        await ws.send('{"type": "close"}')
+    except Exception as e:  # a broken session is counted as a failure, never a crash of the run
+        errors.append(f"session: {type(e).__name__}: {e}")
+    finally:
+        ready.set()
+        await ws.close()
+
+
 WorkerFactory = Callable[[list[float], asyncio.Event, asyncio.Event], Coroutine[Any, Any, None]]
 
 
@@ -157,13 +205,14 @@ async def drive(concurrency: int, seconds: float, worker: WorkerFactory) -> floa
     return time.perf_counter() - start
 
 
-async def _load(port: int, concurrency: int, seconds: float) -> dict[str, Any]:
+async def _load(port: int, concurrency: int, seconds: float, protocol: str = "agentrl") -> dict[str, Any]:
     latencies: list[float] = []
     errors: list[str] = []
+    worker = _ws_worker if protocol == "openenv" else _episode_worker
     elapsed = await drive(
         concurrency,
         seconds,
-        lambda stop_at, ready, go: _episode_worker(port, stop_at, latencies, errors, ready, go),
+        lambda stop_at, ready, go: worker(port, stop_at, latencies, errors, ready, go),
     )
     lat = sorted(latencies)
 
@@ -245,10 +294,17 @@ def main() -> None:
         "--repeat", type=int, default=3, help="runs per level; the table shows the median run"
     )
     parser.add_argument("--env-threads", type=int, default=32, help="server worker threads for env code")
+    parser.add_argument(
+        "--protocol",
+        choices=["agentrl", "openenv"],
+        default="agentrl",
+        help="agentrl: one keep-alive HTTP connection per episode; openenv: one OpenEnv WebSocket session "
+        "per episode (the server speaks both)",
+    )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        _serve(args.serve, max_episodes=max(args.levels) * 2 + 100, env_threads=args.env_threads)
+        _serve(args.serve, max(args.levels) * 2 + 100, args.env_threads, args.protocol)
         return
     _raise_fd_limit()
     try:
@@ -270,6 +326,8 @@ def main() -> None:
             *map(str, args.levels),
             "--env-threads",
             str(args.env_threads),
+            "--protocol",
+            args.protocol,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -277,14 +335,18 @@ def main() -> None:
     )
     try:
         wait_listening(server, port)
-        runs = [[asyncio.run(_load(port, c, args.seconds)) for c in args.levels] for _ in range(args.repeat)]
+        runs = [
+            [asyncio.run(_load(port, c, args.seconds, args.protocol)) for c in args.levels]
+            for _ in range(args.repeat)
+        ]
         rows = [_median_row([run[i] for run in runs]) for i in range(len(args.levels))]
     finally:
         server.terminate()
         server.wait(timeout=10)
     load = os.getloadavg()[0]
+    transport = "OpenEnv WebSocket sessions" if args.protocol == "openenv" else "HTTP"
     print(
-        f"env server benchmark: trivial env, {os.cpu_count()} CPU cores (load average {load:.1f} at the end), "
+        f"env server benchmark ({transport}): trivial env, {os.cpu_count()} CPU cores (load average {load:.1f} at the end), "
         f"{args.seconds:g} s per level, median of {args.repeat} runs; server and load generator in separate "
         f"processes (load generator on {loop_name})\n"
     )
@@ -293,8 +355,8 @@ def main() -> None:
         f"{async_rate:,.0f} steps/s\n"
     )
     print(
-        "| concurrent episodes | steps/s over HTTP | p50 latency | p99 latency | success | HTTP / in-process astep "
-        "| steps/s of each run |"
+        f"| concurrent episodes | steps/s over {transport} | p50 latency | p99 latency | success "
+        "| served / in-process astep | steps/s of each run |"
     )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:

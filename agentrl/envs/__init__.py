@@ -9,6 +9,7 @@ Public API::
     resolve_env, import_modules                 # "module:Class" / "file.py:Class" / --import MODULE
     check_env, CheckReport                      # the conformance checker
     RemoteEnv                                   # an episode on an env server, used like a local Env
+    OpenEnvRemoteEnv                            # an episode on an OpenEnv env server, used the same way
 
 The server itself lives in ``agentrl.envs.server`` (imported on demand: FastAPI).
 
@@ -68,6 +69,7 @@ __all__ = [
     "MCPServer",
     "MessageSpace",
     "MessagesSpace",
+    "OpenEnvRemoteEnv",
     "RegistrationError",
     "RemoteEnv",
     "RemoteEnvError",
@@ -95,12 +97,14 @@ __all__ = [
 if TYPE_CHECKING:
     from agentrl.envs.checker import CheckReport, check_env
     from agentrl.envs.client import RemoteEnv
+    from agentrl.envs.openenv_client import OpenEnvRemoteEnv
 
 # Imported on first use: they pull in jsonschema and httpx, which `agentrl --help` does not need.
 _LAZY = {
     "CheckReport": "agentrl.envs.checker",
     "check_env": "agentrl.envs.checker",
     "RemoteEnv": "agentrl.envs.client",
+    "OpenEnvRemoteEnv": "agentrl.envs.openenv_client",
 }
 
 

@@ -57,9 +57,34 @@ def _serve_env(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         expose_oracle=args.expose_oracle,
         env_threads=args.env_threads,
+        protocol=args.protocol,
     )
     serve(config, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _env_build(args: argparse.Namespace) -> int:
+    from agentrl.envs.images import build_env_image
+
+    build_env_image(args.env, tag=args.tag, imports=args.imports)
+    return 0
+
+
+def _add_env_group(sub: Any) -> None:
+    p = sub.add_parser(
+        "env", help="package environments: env build NAME makes a Docker image serving one env"
+    )
+    group = p.add_subparsers(dest="env_command", metavar="SUBCOMMAND", parser_class=type(p))
+    group.required = True
+    b = group.add_parser(
+        "build",
+        help="build a Docker image that serves one env (serve-env, both protocols, port 8000) offline "
+        "from the local sandbox base image",
+    )
+    b.add_argument("env", metavar="ENV", help="an env id, module:Class or path/to/file.py:Class")
+    b.add_argument("--tag", default=None, help="image tag (default agentrl-env-NAME:latest)")
+    _add_import(b)
+    b.set_defaults(func=_env_build)
 
 
 def _add_import(p: argparse.ArgumentParser) -> None:
@@ -93,7 +118,7 @@ def _add_check_env(sub: Any) -> None:
 
 
 def _add_serve_env(sub: Any) -> None:
-    from agentrl.envs.server_config import ServerConfig
+    from agentrl.envs.server_config import PROTOCOLS, ServerConfig
 
     d = ServerConfig(env_ids=["x"])  # the defaults, shown in --help
     p = sub.add_parser("serve-env", help="serve environments over HTTP (FastAPI + uvicorn)")
@@ -121,6 +146,13 @@ def _add_serve_env(sub: Any) -> None:
         action="store_true",
         help="serve POST /episodes/{id}/oracle (gold actions; leaks answers, off by default)",
     )
+    p.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default=d.protocol,
+        help="agentrl (/episodes routes), openenv (OpenEnv's /reset /step /ws /mcp; one env) or both "
+        f"(default {d.protocol})",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.set_defaults(func=_serve_env)
 
@@ -131,3 +163,4 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_envs)
     _add_check_env(sub)
     _add_serve_env(sub)
+    _add_env_group(sub)

@@ -31,6 +31,9 @@ Guarantees:
   a concurrent call on the same episode (409), a malformed body or action (422),
   a body over ``max_body_bytes`` (413).
 
+With ``protocol="openenv"`` (or ``"both"``) the server also speaks OpenEnv's protocol for its one
+env (:mod:`agentrl.envs.openenv_server`: ``/reset`` ``/step`` ``/state`` ``/schema`` ``/ws`` ``/mcp``).
+
 Layout: :mod:`~agentrl.envs.server_state` holds the episodes and every rule above;
 :mod:`~agentrl.envs.server_routes` the FastAPI routes (the OpenAPI schema) and error handlers;
 :mod:`~agentrl.envs.server_fastpath` serves ``reset``/``step`` ahead of FastAPI;
@@ -52,6 +55,7 @@ from fastapi import FastAPI
 from starlette.routing import Route
 
 from agentrl.envs.mcp_server import EpisodeMCP
+from agentrl.envs.openenv_server import OPENAPI_VERSION, OpenEnvSurface, openenv_router
 from agentrl.envs.server_config import ServerConfig
 from agentrl.envs.server_fastpath import FrontDoor
 from agentrl.envs.server_routes import install_error_handlers, oracle_router, router
@@ -80,14 +84,19 @@ def create_app(config: ServerConfig) -> FastAPI:
             state.shutdown()
             executor.shutdown(wait=False, cancel_futures=True)
 
+    openenv = config.protocol in ("openenv", "both")
     app = FastAPI(
         title="agentrl env server",
-        version="0.1.0",
+        version=OPENAPI_VERSION if openenv else "0.1.0",
         lifespan=lifespan,
         description="Stateful episodes of registered agentrl environments.",
     )
     app.state.agentrl = state
-    app.include_router(router)
+    if openenv:  # first, so its /health (OpenEnv's "healthy") answers in both modes
+        app.state.openenv = OpenEnvSurface(state, next(iter(state.served)))
+        app.include_router(openenv_router)
+    if config.protocol in ("agentrl", "both"):
+        app.include_router(router)
     if config.expose_oracle:
         app.include_router(oracle_router)
     install_error_handlers(app)

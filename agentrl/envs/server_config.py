@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 
 from agentrl.errors import ConfigError
 
-__all__ = ["ServerConfig"]
+__all__ = ["PROTOCOLS", "ServerConfig"]
+
+PROTOCOLS = ("agentrl", "openenv", "both")
+"""What ``serve-env --protocol`` accepts."""
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,20 @@ class ServerConfig:
     """Worker threads running sync env code; more help envs that block on I/O, fewer cut GIL contention."""
     expose_oracle: bool = False
     """Serve POST /episodes/{id}/oracle (the gold action); off by default since it leaks the answer."""
+    protocol: str = "agentrl"
+    """Which protocol the server speaks: agentrl (its own /episodes routes), openenv (OpenEnv's
+    /reset /step /state /schema /ws /mcp, one env per server) or both."""
 
     def __post_init__(self) -> None:
         if not self.env_ids:
             raise ConfigError("serve at least one env: pass --env ID (agentrl envs lists them)")
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"unknown protocol {self.protocol!r}; choose one of {list(PROTOCOLS)}")
+        if self.protocol != "agentrl" and len(self.env_ids) != 1:
+            raise ConfigError(
+                f"the OpenEnv protocol serves one env per server, got {len(self.env_ids)}: {self.env_ids}; "
+                "start one server per env (or use --protocol agentrl)"
+            )
         for name, value in (
             ("max_episodes", self.max_episodes),
             ("max_body_bytes", self.max_body_bytes),

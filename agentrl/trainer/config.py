@@ -106,6 +106,8 @@ class RolloutConfig:
     """keyword arguments for the env constructor (JSON object); empty = the env's demo preset (registered with the env), if any"""
     env_url: str = ""
     """URL of a remote env server; empty runs the env in-process"""
+    env_protocol: Literal["auto", "agentrl", "openenv"] = "auto"
+    """protocol of the server at env_url: agentrl's own, OpenEnv's (its one env; --env is not used, env_kwargs go to its reset) or auto (asks the server)"""
     session_url: str = ""
     """URL of a session server; empty uses the in-process session manager"""
     agent: str = ""
@@ -537,6 +539,8 @@ def _find_env(values: dict[str, dict[str, Any]]) -> EnvSpec | None:
     if isinstance(imports, list) and all(isinstance(m, str) for m in imports):
         import_modules(imports)  # else build_sections reports the type error
     env = rollout.get("env", RolloutConfig.env)
+    if rollout.get("env_url") and rollout.get("env_protocol") == "openenv":
+        return None  # an OpenEnv server serves its own env: no preset of --env applies
     if not isinstance(env, str) or (is_reference(env) and rollout.get("env_url")):
         return None  # (a wrong type: build_sections reports it)
     try:

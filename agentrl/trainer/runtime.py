@@ -130,6 +130,18 @@ def start_run_dir(cfg: TrainConfig, ranks: Ranks | None = None) -> Path:
     return run_dir
 
 
+def _env_protocol(url: str, protocol: str) -> str:
+    if protocol != "auto":
+        return protocol
+    from agentrl.envs.errors import RemoteEnvError
+    from agentrl.envs.openenv_client import detect_protocol
+
+    try:
+        return detect_protocol(url)
+    except RemoteEnvError as e:
+        raise ConfigError(f"rollout.env_url={url!r}: {e}") from None
+
+
 def make_env_factory(cfg: TrainConfig) -> Callable[[], Env]:
     """A zero-argument constructor of fresh envs (local, or a RemoteEnv on ``env_url``); checked once now.
 
@@ -137,6 +149,21 @@ def make_env_factory(cfg: TrainConfig) -> Callable[[], Env]:
     ``file.py:Class`` reference) is resolved to its registered id once, here.
     """
     r = cfg.rollout
+    if r.env_url and _env_protocol(r.env_url, r.env_protocol) == "openenv":
+        from agentrl.envs.openenv_client import OpenEnvRemoteEnv, discover
+
+        server = discover(r.env_url)  # an unreachable or foreign server fails here, before the model loads
+
+        def openenv() -> Env:
+            return OpenEnvRemoteEnv(
+                r.env_url,
+                server=server,
+                reset_options=dict(r.env_kwargs),
+                max_turns=r.max_turns or 8,
+                read_timeout=r.episode_timeout_s,
+            )
+
+        return openenv
     if r.env_url:
         from agentrl.envs import RemoteEnv
 
