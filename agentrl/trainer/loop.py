@@ -145,10 +145,11 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
 def _replica_metrics(engine: Any) -> dict[str, float]:
     """Engine replicas (``--ray --engines N``): restarts so far, session-affinity hits, replicas in
     service and replicas that served requests (counts since the replica started)."""
-    stats = getattr(engine, "stats", None)
-    if stats is None:
+    from agentrl.engines.replicas import ReplicaEngine
+
+    if not isinstance(engine, ReplicaEngine):
         return {}
-    s = stats()
+    s = engine.stats()
     return {
         "engines/restarts": float(s["restarts"]),
         "engines/affinity_hits": float(s["affinity_hits"]),

@@ -36,8 +36,10 @@ LEFTOVERS = ("raylet", "gcs_server", "serve-engine", "agentrl.engines.reaper", "
 
 def _ours(words: tuple[str, ...] = LEFTOVERS) -> list[str]:
     """Command lines of this user's processes that belong to a Ray or an engine server."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, timeout=30).stdout
-    return [line for line in out.splitlines() if any(w in line for w in words) and "ps -eo" not in line]
+    out = subprocess.run(
+        ["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, timeout=30
+    ).stdout
+    return [line for line in out.splitlines() if any(w in line for w in words) and "ps -eww" not in line]
 
 
 @pytest.fixture(autouse=True)
