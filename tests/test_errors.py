@@ -53,6 +53,10 @@ ALLOWED_IN_FUNCTION = {
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_join", "ValueError"),
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "ValueError"),
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "TimeoutError"),
+    # The MCP client's internal signals: run() times out like future.result, and a call whose
+    # connection ended fails like one; open() and call() catch both and raise EnvInfraError.
+    ("envs/mcp_tools.py", "run", "TimeoutError"),
+    ("envs/mcp_tools.py", "_call", "ConnectionError"),
     # PEP 562: a module-level __getattr__ must raise AttributeError (hasattr, import machinery).
     ("engines/__init__.py", "__getattr__", "AttributeError"),
     ("envs/__init__.py", "__getattr__", "AttributeError"),

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.engines.errors import EngineUnavailableError, WeightUpdateError
 from agentrl.engines.protocol import Engine, EngineCapabilities, Generation
+from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -67,11 +68,13 @@ class ReplicaEngine:
 
     def __init__(self, engines: Sequence[Engine], names: Sequence[str] | None = None) -> None:
         if not engines:
-            raise ValueError("ReplicaEngine needs at least one engine")
+            raise ConfigError("ReplicaEngine needs at least one engine; got an empty list")
         self.engines = list(engines)
         self.names = list(names or [f"replica-{i}" for i in range(len(engines))])
         if len(self.names) != len(self.engines):
-            raise ValueError(f"{len(self.names)} names for {len(self.engines)} engines")
+            raise ConfigError(
+                f"{len(self.names)} names for {len(self.engines)} engines: give one name per engine"
+            )
         self.live = [True] * len(self.engines)
         self._stats = [ReplicaStats() for _ in self.engines]
         self._affinity: OrderedDict[str, int] = OrderedDict()

@@ -54,7 +54,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from agentrl.envs.errors import EnvDefinitionError, EnvInfraError
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, LoopError
 from agentrl.types import FunctionSpec, ToolCall, ToolSpec
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class _Loop:
         """Run ``coro`` on the loop and wait for it; past ``timeout_s`` it is cancelled (TimeoutError)."""
         if threading.current_thread() is self.thread:
             coro.close()
-            raise RuntimeError("an MCP call was made from the MCP loop itself; it would wait for itself")
+            raise LoopError("an MCP call was made from the MCP loop itself; it would wait for itself")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout_s)

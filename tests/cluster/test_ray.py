@@ -146,7 +146,9 @@ def test_ray_with_one_replica_reproduces_the_local_run(tmp_path: Path) -> None:
     keys = ("rollout/reward", "rollout/completion_tokens", "train/loss", "sync/version")
     a, b = _rows(local), _rows(remote)
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
-    assert [r["reward"] for r in _rows(local, "eval")] == [r["reward"] for r in _rows(remote, "eval")]
+    assert [r["eval/reward"] for r in _rows(local, "eval")] == [
+        r["eval/reward"] for r in _rows(remote, "eval")
+    ]
     assert _gone_within(30) == []
 
 

@@ -98,8 +98,11 @@ def main() -> None:
         elif method == "tools/call":
             if "--die-once" in sys.argv:
                 marker = sys.argv[sys.argv.index("--die-once") + 1]
-                if not os.path.exists(marker):
-                    open(marker, "w").close()
+                try:  # atomic: of several servers started at once, exactly one dies
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    pass
+                else:
                     os._exit(3)
             try:
                 reply["result"] = call(params["name"], params.get("arguments") or {}, state)
