@@ -104,9 +104,11 @@ def test_two_replicas_train_countdown_and_leave_nothing_behind(tmp_path: Path) -
 
 
 def test_a_replica_killed_mid_run_is_replaced_and_no_episode_is_scored_for_it(tmp_path: Path) -> None:
+    """kill -9 of a replica's actor mid-run: the run goes on, a replacement serves at the current
+    weights, no episode is scored for the failure; then Ctrl-C stops the run and leaves nothing."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        [*CMD, *FLAGS, "--steps", "25", "--ray", "--engines", "2", "--run-dir", str(run)],
+        [*CMD, *FLAGS, "--steps", "100000", "--ray", "--engines", "2", "--run-dir", str(run)],
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
@@ -120,16 +122,25 @@ def test_a_replica_killed_mid_run_is_replaced_and_no_episode_is_scored_for_it(tm
             ["ps", "-o", "ppid=", "-p", reapers[0]], capture_output=True, text=True, timeout=30
         )
         os.kill(int(actor.stdout.strip()), signal.SIGKILL)  # the replica's actor process, kill -9
-        _, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, err[-3000:]
+        killed_at = len(_rows(run))
+        while time.monotonic() < deadline and proc.poll() is None:  # until the replacement has served 3 steps
+            back = [r for r in _rows(run) if r["engines/restarts"] >= 1 and r["engines/live"] == 2]
+            if len(back) >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 130, err[-3000:]
     finally:
         if proc.poll() is None:  # the test failed: leave no Ray behind for the next one
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
             subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], timeout=120)
     steps = _rows(run)
-    assert [r["step"] for r in steps] == list(range(1, 26))  # the replacement comes within these steps
-    assert steps[-1]["engines/restarts"] >= 1 and steps[-1]["engines/live"] == 2
+    assert (
+        len(steps) > killed_at + 3 and steps[-1]["engines/restarts"] == 1 and steps[-1]["engines/live"] == 2
+    )
     assert all(r["rollout/episodes_infra_error"] == 0 for r in steps)  # retried, never scored
     assert all(r["rollout/episodes_ok"] == 4 for r in steps)  # every step trained its whole batch
     assert _gone_within(30) == []
@@ -138,14 +149,18 @@ def test_a_replica_killed_mid_run_is_replaced_and_no_episode_is_scored_for_it(tm
 def test_ray_with_one_replica_reproduces_the_local_run(tmp_path: Path) -> None:
     local, remote = tmp_path / "local", tmp_path / "ray"
     for run, extra in ((local, ["--weight-sync", "disk"]), (remote, ["--ray"])):
-        out = subprocess.run(
-            [*CMD, *FLAGS, "--steps", "3", *extra, "--run-dir", str(run)],
+        out = subprocess.run(  # the demo's warm start, so that the rewards compared are not all 0
+            [*CMD, *FLAGS, "--sft-steps", "100", "--max-new-tokens", "32", "--eval-episodes", "16", "--steps", "3", *extra,
+             "--run-dir", str(run)],
             env=ENV, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-3000:]
-    keys = ("rollout/reward", "rollout/completion_tokens", "train/loss", "sync/version")
+    keys = ("rollout/reward", "rollout/completion_tokens", "rollout/episodes_ok", "sync/version")
     a, b = _rows(local), _rows(remote)
-    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+    assert any(r["rollout/reward"] > 0 for r in a)
+    assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]  # the same tokens sampled
+    # the loss differs by float rounding only: the rollout logprobs come from another process's batches
+    assert [r["train/loss"] for r in b] == pytest.approx([r["train/loss"] for r in a], abs=1e-5)
     assert [r["eval/reward"] for r in _rows(local, "eval")] == [
         r["eval/reward"] for r in _rows(remote, "eval")
     ]
