@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,19 @@ from agentrl.cluster.placement import NAMESPACE, ClusterError, connect, reserve
 from agentrl.engines.protocol import Engine, run_sync
 from agentrl.engines.replicas import ReplicaEngine
 
-__all__ = ["RayEngines"]
+__all__ = ["Placement", "RayEngines"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where replicas go in a placement group someone else reserved (and removes): replica ``i`` is
+    named ``agentrl-engine-<indices[i]>`` and sits in bundle ``bundles[i]`` of ``pg``."""
+
+    pg: Any
+    bundles: list[int]
+    indices: list[int]
 
 
 @ray.remote(max_restarts=0)
@@ -104,9 +115,14 @@ class RayEngines:
         timeout_s: float = 300.0,
         placement_timeout_s: float = 60.0,
         check_every_s: float = 2.0,
+        placement: Placement | None = None,
     ) -> None:
         if replicas < 1:
             raise ClusterError(f"replicas={replicas}: need at least 1 engine replica")
+        if placement is not None and len(placement.bundles) != replicas:
+            raise ClusterError(
+                f"replicas={replicas} but the placement gives {len(placement.bundles)} bundles"
+            )
         self.kind, self.model_path, self.n = kind, model_path, replicas
         self.cpus, self.gpus, self.seed, self.python = cpus, gpus, seed, python
         self.log_dir = Path(log_dir) if log_dir is not None else Path(os.environ.get("TMPDIR", "/tmp"))
@@ -116,14 +132,18 @@ class RayEngines:
         self._stopping = threading.Event()
         self.actors: list[Any] = []
         self.pg: Any = None
+        self._own_pg = placement is None
         try:
-            bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
-            self.pg = reserve([bundle] * replicas, f"{replicas} {kind} engine replicas", placement_timeout_s)
+            if placement is None:
+                bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+                pg = reserve([bundle] * replicas, f"{replicas} {kind} engine replicas", placement_timeout_s)
+                placement = Placement(pg, list(range(replicas)), list(range(replicas)))
+            self.pg, self.placement = placement.pg, placement
             self.actors = [self._actor(i) for i in range(replicas)]
             urls = self._get([a.start.remote(*self._start_args(i, 0)) for i, a in enumerate(self.actors)],
                              startup_timeout_s + 30, f"starting {replicas} engine servers")  # fmt: skip
             self.engine = ReplicaEngine(
-                [self._client(u) for u in urls], names=[f"engine-{i}" for i in range(replicas)]
+                [self._client(u) for u in urls], names=[f"engine-{j}" for j in placement.indices]
             )
         except BaseException:
             self.stop()
@@ -135,19 +155,23 @@ class RayEngines:
     # ------------------------------------------------------------ actors and servers
 
     def _actor(self, i: int) -> Any:
-        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
+        j, bundle = self.placement.indices[i], self.placement.bundles[i]
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=bundle
+        )
         return EngineActor.options(  # type: ignore[attr-defined]
-            name=f"agentrl-engine-{i}", namespace=NAMESPACE, num_cpus=self.cpus, num_gpus=self.gpus,
+            name=f"agentrl-engine-{j}", namespace=NAMESPACE, num_cpus=self.cpus, num_gpus=self.gpus,
             scheduling_strategy=strategy, lifetime=None,
-        ).remote(f"engine-{i}")  # fmt: skip
+        ).remote(f"engine-{j}")  # fmt: skip
 
     def _start_args(self, i: int, generation: int) -> tuple[Any, ...]:
-        log = self.log_dir / f"engine-{i}{f'.{generation}' if generation else ''}.log"
+        j = self.placement.indices[i]
+        log = self.log_dir / f"engine-{j}{f'.{generation}' if generation else ''}.log"
         threads = max(1, int(self.cpus))
         return (
             self.kind,
             self.model_path,
-            self.seed + i,
+            self.seed + j,
             str(log),
             self.startup_timeout_s,
             self.python,
@@ -197,7 +221,9 @@ class RayEngines:
                     self.restart(i)
                 except Exception as e:  # noqa: BLE001 - counted and tried again at the next check
                     self.restart_errors += 1
-                    log.warning("replacing engine replica %d failed (will retry): %s", i, e)
+                    log.warning(
+                        "replacing engine replica %d failed (will retry): %s", self.placement.indices[i], e
+                    )
 
     def restart(self, i: int) -> None:
         """Replace replica ``i``: a new actor and server, brought to the current weights, then in service."""
@@ -206,15 +232,15 @@ class RayEngines:
             ray.kill(self.actors[i], no_restart=True)
         self.actors[i] = self._actor(i)
         url = self._get(self.actors[i].start.remote(*self._start_args(i, self.restarts + 1)),
-                        self.startup_timeout_s + 30, f"restarting engine replica {i}")  # fmt: skip
+                        self.startup_timeout_s + 30, f"restarting engine replica {self.placement.indices[i]}")  # fmt: skip
         client = self._client(url)
         if self.engine.last_path is not None:  # the weights the others serve, before it takes a session
             path, version = self.engine.last_path
             run_sync(client.update_weights_from_path(path, version=version), timeout_s=self.timeout_s,
-                     what=f"loading the current weights into the new engine replica {i}")  # fmt: skip
+                     what=f"loading the current weights into the new engine replica {self.placement.indices[i]}")  # fmt: skip
         self.engine.replace(i, client)
         self.restarts += 1
-        log.warning("engine replica %d replaced (restart %d)", i, self.restarts)
+        log.warning("engine replica %d replaced (restart %d)", self.placement.indices[i], self.restarts)
 
     # ------------------------------------------------------------ teardown
 
@@ -231,10 +257,10 @@ class RayEngines:
                 with contextlib.suppress(Exception):
                     ray.kill(a, no_restart=True)
             self.actors = []
-        if self.pg is not None:
+        if self.pg is not None and self._own_pg:
             with contextlib.suppress(Exception):
                 remove_placement_group(self.pg)
-            self.pg = None
+        self.pg = None
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()

@@ -25,15 +25,16 @@ class ClusterError(AgentRLError):
     """The cluster cannot run what was asked (resources, placement, a dead actor)."""
 
 
-def connect(address: str = "") -> bool:
+def connect(address: str = "", *, log_to_driver: bool = False) -> bool:
     """Join the Ray cluster at ``address`` (or ``$RAY_ADDRESS``, as under ``ray job submit``), else start
     a local one sized to this machine. Returns True when this call started Ray (the caller shuts it down).
+    ``log_to_driver``: the actors' output is printed here (trainer ranks' progress).
     """
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {
         "namespace": NAMESPACE,
-        "log_to_driver": False,
+        "log_to_driver": log_to_driver,
         "configure_logging": False,
     }
     target = address or os.environ.get("RAY_ADDRESS", "")

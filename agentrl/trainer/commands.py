@@ -23,6 +23,11 @@ def _train(args: argparse.Namespace) -> int:
     from agentrl.trainer.loop import train
 
     cfg = _resolve(args)  # config errors before any model loads
+    if cfg.cluster.trainers > 1:  # data-parallel ranks as Ray actors; this process places and waits
+        from agentrl.cluster.trainers import train_on_ray
+
+        train_on_ray(cfg)
+        return 0
     train(cfg)
     return 0
 

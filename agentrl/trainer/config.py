@@ -370,7 +370,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Running on Ray (agentrl/cluster): engine replicas as placed actors."""
+    """Running on Ray (agentrl/cluster): engine replicas and trainer ranks as placed actors."""
 
     ray: bool = False
     """run the engine replicas on Ray: the cluster at --ray-address or $RAY_ADDRESS, else a local Ray sized to this machine"""
@@ -382,6 +382,12 @@ class ClusterConfig:
     """CPUs reserved for each engine replica (its placement bundle)"""
     engine_gpus: float = 0.0
     """GPUs reserved for each engine replica"""
+    trainers: int = 1
+    """trainer ranks (data-parallel, FSDP2): 1 trains in this process; N > 1 runs N Ray actors (needs --ray)"""
+    trainer_cpus: float = 1.0
+    """CPUs reserved for each trainer rank's actor (with --trainers > 1)"""
+    trainer_gpus: float = 0.0
+    """GPUs reserved for each trainer rank's actor (with --trainers > 1; NCCL between ranks when > 0)"""
     placement_timeout_s: float = 60.0
     """deadline for the placement group to be ready (after the resource pre-check passed)"""
 
@@ -395,6 +401,17 @@ class ClusterConfig:
                   "need engine_cpus > 0 and engine_gpus >= 0")  # fmt: skip
         if self.ray_address and not self.ray:
             _fail("cluster", "ray_address", self.ray_address, "only used with --ray; add it")
+        if self.trainers < 1:
+            _fail("cluster", "trainers", self.trainers, "must be >= 1")
+        if self.trainers > 1 and not self.ray:
+            _fail("cluster", "trainers", self.trainers, "trainer ranks as actors run on Ray: add --ray "
+                  "(or use torchrun for data-parallel ranks on one machine)")  # fmt: skip
+        if self.engines % self.trainers:
+            _fail("cluster", "engines", self.engines, f"must be a multiple of --trainers {self.trainers}: "
+                  "each trainer rank rolls out on its own engines/trainers replicas")  # fmt: skip
+        if self.trainer_cpus <= 0 or self.trainer_gpus < 0:
+            _fail("cluster", "trainer_cpus/trainer_gpus", (self.trainer_cpus, self.trainer_gpus),
+                  "need trainer_cpus > 0 and trainer_gpus >= 0")  # fmt: skip
 
 
 @dataclass(frozen=True)

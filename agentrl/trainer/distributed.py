@@ -71,6 +71,11 @@ class Ranks:
         dist.all_reduce(t)
         return [float(x) for x in t.cpu().tolist()]
 
+    def barrier(self) -> None:
+        """Wait for every rank (bounded by the group's timeout)."""
+        if self.world > 1:
+            self.all_sum([0.0])
+
     def any(self, flag: bool) -> bool:
         """True on every rank when it is true on some rank."""
         return self.all_sum([float(flag)])[0] > 0

@@ -131,7 +131,7 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                     "time/step": t3 - t0,
                     "sync/version": float(run.rt.engine.weight_version),
                     "sync/bytes": float(pushed.bytes if pushed else 0),
-                    **_replica_metrics(run.rt.engine),
+                    **_replica_metrics(run.rt.engine, run.rt.ranks),
                 }
                 _log_eval_checkpoint(run, step + 1, row, task, [int(g[0].group_id[1:]) for g in res.groups])
             _eval_end(run)
@@ -142,21 +142,23 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
             dist.destroy_process_group()
 
 
-def _replica_metrics(engine: Any) -> dict[str, float]:
+def _replica_metrics(engine: Any, ranks: Ranks) -> dict[str, float]:
     """Engine replicas (``--ray --engines N``): restarts so far, session-affinity hits, replicas in
-    service and replicas that served requests (counts since the replica started)."""
+    service and replicas that served requests (counts since the replica started), summed over the
+    trainer ranks (each owns its share of the replicas; a collective when there are several)."""
     from agentrl.engines.replicas import ReplicaEngine
 
     if not isinstance(engine, ReplicaEngine):
         return {}
     s = engine.stats()
-    return {
+    row = {
         "engines/restarts": float(s["restarts"]),
         "engines/affinity_hits": float(s["affinity_hits"]),
         "engines/sessions_placed": float(s["affinity_misses"]),
         "engines/live": float(sum(r["live"] for r in s["replicas"])),
         "engines/serving": float(sum(r["requests"] > 0 for r in s["replicas"])),
     }
+    return dict(zip(row, ranks.all_sum(list(row.values())), strict=True))
 
 
 # ---------------------------------------------------------------- setup
@@ -179,7 +181,7 @@ def _setup(cfg: TrainConfig, console: Any) -> _Run:
     rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir)
     try:
         # checked here, before any training: the engine must serve the configured transport
-        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run)
+        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, ranks=ranks)
     except BaseException:
         rt.close()
         raise
@@ -234,7 +236,9 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
             f"rollout.agent={r.agent!r}: agent episodes under torchrun ({world} ranks) are not supported "
             "yet; run one process (python -m agentrl.cli train ...)"
         )
-    if r.session_url or cfg.run.weight_sync != "inprocess":
+    # rank actors on Ray: every rank's replicas reload the file rank 0 writes
+    on_ray = cfg.cluster.ray and cfg.cluster.trainers == world
+    if r.session_url or (cfg.run.weight_sync != "inprocess" and not on_ray):
         raise ConfigError(
             f"run.weight_sync={cfg.run.weight_sync!r}, rollout.session_url={r.session_url!r}: "
             f"under torchrun ({world} ranks) every rank syncs its own in-process engine; "

@@ -317,23 +317,30 @@ def _engine_server(
 
 
 def _ray_engines(cfg: TrainConfig, name: str, run_dir: Path | None, ranks: Ranks) -> tuple[Engine, Stoppable]:
-    """``cluster.engines`` replicas of ``model.engine`` on Ray actors, as one engine (agentrl/cluster)."""
-    if ranks.world > 1:
-        raise ConfigError(
-            "cluster.ray=True under torchrun: with --ray the trainer runs in one process for now "
-            "(trainer ranks as Ray actors are not built yet); run `agentrl train --ray` without torchrun"
-        )
+    """``cluster.engines`` replicas of ``model.engine`` on Ray actors, as one engine (agentrl/cluster).
+
+    In a trainer rank's actor (``--trainers N``) only the replicas that rank owns, in the bundles
+    the driver reserved for them.
+    """
     if cfg.model.engine == "sglang":
         raise ConfigError("cluster.ray=True with model.engine='sglang': Ray replicas run hf or vllm for now")
     from agentrl.cluster.engines import RayEngines
+    from agentrl.cluster.trainers import assigned
     from agentrl.engines.launcher import local_model_dir
 
+    placement = assigned()
+    if ranks.world > 1 and placement is None:
+        raise ConfigError(
+            "cluster.ray=True under torchrun: with --ray the trainer ranks are Ray actors; run "
+            f"`agentrl train --ray --trainers {ranks.world}` without torchrun"
+        )
     c, m = cfg.cluster, cfg.model
     replicas = RayEngines(
-        m.engine, local_model_dir(name), replicas=c.engines, cpus=c.engine_cpus, gpus=c.engine_gpus,
-        address=c.ray_address, seed=cfg.run.seed, log_dir=run_dir, python=m.engine_python,
-        startup_timeout_s=m.engine_startup_s, timeout_s=max(300.0, cfg.rollout.episode_timeout_s),
-        placement_timeout_s=c.placement_timeout_s,
+        m.engine, local_model_dir(name), replicas=len(placement.bundles) if placement else c.engines,
+        cpus=c.engine_cpus, gpus=c.engine_gpus, address=c.ray_address, seed=cfg.run.seed, log_dir=run_dir,
+        python=m.engine_python, startup_timeout_s=m.engine_startup_s,
+        timeout_s=max(300.0, cfg.rollout.episode_timeout_s), placement_timeout_s=c.placement_timeout_s,
+        placement=placement,
     )  # fmt: skip
     return replicas.engine, replicas
 

@@ -39,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from agentrl.engines.protocol import Engine, require_capability, run_sync
+from agentrl.trainer.distributed import Ranks
 from agentrl.trainer.errors import WeightSyncError
 
 __all__ = [
@@ -119,7 +120,12 @@ class InProcessSync:
 
 
 class DiskSync:
-    """Write safetensors to ``root/vN`` (atomically renamed into place), then the engine reloads it."""
+    """Write safetensors to ``root/vN`` (atomically renamed into place), then the engine reloads it.
+
+    With ``ranks`` (data-parallel trainer ranks, every one with its own engine and the same full
+    weights): rank 0 writes the version rank 0 chose, the ranks meet, then every rank's engine
+    reloads that one file (the directory must be one every rank sees).
+    """
 
     def __init__(
         self,
@@ -129,17 +135,24 @@ class DiskSync:
         timeout_s: float = 300.0,
         *,
         run: Runner = run_sync,
+        ranks: Ranks | None = None,
     ) -> None:
         require_capability(engine, "checkpoint", "run.weight_sync='disk'")
-        self.engine, self.root, self.keep, self.timeout_s = engine, Path(root), keep, timeout_s
+        self.ranks = ranks or Ranks()
+        self.engine, self.root, self.timeout_s = engine, Path(root), timeout_s
+        # a slower rank may still be reading the previous version
+        self.keep = keep if self.ranks.world == 1 else max(keep, 2)
         self._run = run
         self.root.mkdir(parents=True, exist_ok=True)
 
     def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
         t0 = time.perf_counter()
-        want = _target(self.engine, version)
+        want = self.ranks.broadcast(_target(self.engine, version))
         final = self.root / f"v{want}"
-        tensors = save_weights_dir(state_dict, final)
+        tensors = state_dict
+        if self.ranks.main:
+            tensors = save_weights_dir(state_dict, final)
+        self.ranks.barrier()  # the file is complete before any rank's engine reads it
         try:
             got = self._run(
                 self.engine.update_weights_from_path(final, version=want),
@@ -148,7 +161,8 @@ class DiskSync:
             )
         except Exception as e:  # noqa: BLE001
             raise WeightSyncError(f"disk weight sync from {str(final)!r} failed: {e}") from e
-        for old in sorted(self.root.glob("v*"), key=lambda p: int(p.name[1:]))[: -self.keep]:
+        stale = sorted(self.root.glob("v*"), key=lambda p: int(p.name[1:]))[: -self.keep]
+        for old in stale if self.ranks.main else []:
             shutil.rmtree(old, ignore_errors=True)
         return SyncResult(_check(self.engine, got, want, "disk"), time.perf_counter() - t0, _nbytes(tensors))
 
@@ -345,15 +359,18 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def make_sync(kind: str, engine: Engine, run_dir: str | Path, *, run: Runner = run_sync) -> WeightSync:
+def make_sync(
+    kind: str, engine: Engine, run_dir: str | Path, *, run: Runner = run_sync, ranks: Ranks | None = None
+) -> WeightSync:
     """The transport for ``run.weight_sync``; raises ``UnsupportedWeightUpdateError`` if the engine lacks it.
 
     ``run`` runs the engine's coroutines (the run's event loop; a fresh loop per call by default).
+    ``ranks``: data-parallel trainer ranks, each with its own engine (disk: rank 0 writes, all reload).
     """
     if kind == "inprocess":
         return InProcessSync(engine, run=run)
     if kind == "disk":
-        return DiskSync(engine, Path(run_dir) / "weights", run=run)
+        return DiskSync(engine, Path(run_dir) / "weights", run=run, ranks=ranks)
     if kind == "broadcast":
         return BroadcastSync(engine, run=run)
     raise WeightSyncError(f"unknown weight sync {kind!r}; use inprocess, disk or broadcast")

@@ -1,0 +1,129 @@
+"""`agentrl train --ray --trainers 2`: data-parallel trainer ranks as Ray actors, each owning its
+share of the engine replicas; a rank killed mid-run ends the run naming the rank, and `--resume`
+continues it from the last checkpoint. Nothing is left behind either way.
+
+Each run is a subprocess (as a user runs it); the tests count the processes afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'agentrl[ray]')")
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+FLAGS = [
+    "--env", "countdown", "--model", "tiny", "--group-size", "2", "--tasks-per-step", "2",
+    "--max-new-tokens", "8", "--eval-episodes", "4", "--eval-every", "0", "--sft-steps", "3",
+    "--no-progress", "--no-tensorboard",
+    "--ray", "--trainers", "2", "--engines", "2", "--trainer-cpus", "0.5", "--engine-cpus", "0.5",
+]  # fmt: skip
+CMD = [sys.executable, "-c", "import sys; from agentrl.cli import main; sys.exit(main())", "train"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+LEFTOVERS = ("raylet", "gcs_server", "serve-engine", "agentrl.engines.reaper", "default_worker.py", "ray::")
+
+
+def _ours(words: tuple[str, ...] = LEFTOVERS) -> list[str]:
+    out = subprocess.run(
+        ["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, timeout=30
+    ).stdout
+    return [line for line in out.splitlines() if any(w in line for w in words) and "ps -eww" not in line]
+
+
+@pytest.fixture(autouse=True)
+def no_ray_before() -> None:
+    if _ours():
+        pytest.fail(f"a Ray or engine server is already running; the counts would be wrong: {_ours()}")
+
+
+def _rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            rows.append(json.loads(line))
+    return [r for r in rows if r.get("kind") == "train"]
+
+
+def _gone_within(seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and _ours():
+        time.sleep(0.5)
+    return _ours()
+
+
+def test_two_trainer_ranks_and_two_replicas_train_countdown(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [*CMD, *FLAGS, "--steps", "3", "--run-dir", str(run)],
+        env=ENV, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"agentrl train → {run}  (2 ranks)" in out.stdout  # rank 0's console, printed by the driver
+    steps = _rows(run)
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["rollout/episodes_ok"] == 4 for r in steps)  # both ranks' shares, gathered
+    assert steps[-1]["sync/version"] == 3
+    assert steps[-1]["engines/live"] == 2 and steps[-1]["engines/serving"] == 2  # summed over the ranks
+    assert (run / "engine-0.log").exists() and (run / "engine-1.log").exists()
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v2", "v3"]  # rank 0 writes, keeps 2
+    assert _gone_within(30) == []
+
+
+def test_a_killed_rank_ends_the_run_naming_it_and_resume_continues(tmp_path: Path) -> None:
+    run, log = tmp_path / "run", tmp_path / "driver.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*CMD, *FLAGS, "--steps", "100000", "--checkpoint-every", "1", "--run-dir", str(run)],
+            env=ENV, stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None and len(_rows(run)) < 2:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        rank0 = re.search(r"TrainerActor pid=(\d+)\)\S* agentrl train", log.read_text())
+        assert rank0, log.read_text()[-2000:]
+        ranks = [line.split()[0] for line in _ours(("ray::TrainerActor",))]
+        others = [pid for pid in ranks if pid != rank0.group(1)]
+        assert len(ranks) == 2 and len(others) == 1, ranks
+        os.kill(int(others[0]), signal.SIGKILL)  # trainer rank 1, kill -9
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=300)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:  # the test failed: leave no Ray behind for the next one
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], timeout=120)
+    assert proc.returncode == 1, err[-3000:]
+    assert "trainer rank 1 (actor agentrl-trainer-1) died" in err, err[-3000:]
+    assert took < 120, took  # detected from the actor's death, not by a collective timing out
+    assert _gone_within(30) == []
+    last = max(int(p.name[5:]) for p in (run / "checkpoints").glob("step-*"))
+    assert f"continue with --resume {run / 'checkpoints' / f'step-{last}'}" in err, err[-3000:]
+
+    resumed = tmp_path / "resumed"
+    out2 = subprocess.run(
+        [*CMD, *FLAGS, "--steps", str(last + 2), "--resume", str(run / "checkpoints" / f"step-{last}"),
+         "--run-dir", str(resumed)],
+        env=ENV, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out2.returncode == 0, out2.stderr[-3000:]
+    assert f"resumed from {run / 'checkpoints' / f'step-{last}'} at step {last}" in out2.stdout
+    steps = _rows(resumed)
+    assert [r["step"] for r in steps] == [last + 1, last + 2]
+    assert all(r["rollout/episodes_ok"] == 4 and r["engines/live"] == 2 for r in steps)
+    assert steps[-1]["sync/version"] == last + 2  # the replicas took the resumed weights' version on
+    assert _gone_within(30) == []
