@@ -75,7 +75,10 @@ def test_unknown_toml_key_is_named_with_suggestion(tmp_path):
         ({"max_turns": 0}, r"rollout\.max_turns=0: must be >= 1"),
         ({"grup_size": 8}, r"unknown key 'grup_size'.*group_size"),
         ({"trainers": 2}, r"cluster\.trainers=2: trainer ranks as actors run on Ray: add --ray"),
-        ({"ray": True, "trainers": 2, "engines": 3}, r"cluster\.engines=3: must be a multiple of --trainers 2"),
+        (
+            {"ray": True, "trainers": 2, "engines": 3},
+            r"cluster\.engines=3: must be a multiple of --trainers 2",
+        ),
         ({"ray": True, "trainers": 0}, r"cluster\.trainers=0: must be >= 1"),
         ({"ray": True, "trainer_cpus": 0.0}, r"cluster\.trainer_cpus/trainer_gpus=\(0\.0, 0\.0\)"),
     ],
