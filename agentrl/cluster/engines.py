@@ -35,7 +35,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from agentrl.cluster.placement import NAMESPACE, ClusterError, connect, reserve
+from agentrl.cluster.placement import NAMESPACE, ClusterError, connect, get_within, node_address, reserve
 from agentrl.engines.protocol import Engine, run_sync
 from agentrl.engines.replicas import ReplicaEngine
 
@@ -67,19 +67,20 @@ class EngineActor:
         from agentrl.engines import launcher
 
         port = launcher.free_port()
+        host = node_address()  # reachable from the trainer's node, not only this one
         if kind == "vllm":
             from agentrl.engines.vllm import model_limits
 
             context = min(model_limits(model_path)[1], launcher.MAX_MODEL_LEN)
             self.server = launcher.launch_vllm_server(
                 model_path, log_path=Path(log_path), python=python or None, port=port, seed=seed,
-                max_model_len=context, threads=threads, startup_timeout_s=startup_timeout_s,
+                max_model_len=context, threads=threads, startup_timeout_s=startup_timeout_s, host=host,
             )  # fmt: skip
         else:
-            cmd = [sys.executable, "-m", "agentrl.cli", "serve-engine", "--model", model_path,
+            cmd = [sys.executable, "-m", "agentrl.cli", "serve-engine", "--model", model_path, "--host", host,
                    "--port", str(port), "--seed", str(seed), "--log-level", "warning"]  # fmt: skip
             self.server = launcher.launch_server(
-                cmd, f"http://127.0.0.1:{port}", startup_timeout_s=startup_timeout_s,
+                cmd, f"http://{host}:{port}", startup_timeout_s=startup_timeout_s,
                 log_path=Path(log_path), env={"OMP_NUM_THREADS": str(threads)},
             )  # fmt: skip
         return str(self.server.base_url)
@@ -140,7 +141,7 @@ class RayEngines:
                 placement = Placement(pg, list(range(replicas)), list(range(replicas)))
             self.pg, self.placement = placement.pg, placement
             self.actors = [self._actor(i) for i in range(replicas)]
-            urls = self._get([a.start.remote(*self._start_args(i, 0)) for i, a in enumerate(self.actors)],
+            urls = get_within([a.start.remote(*self._start_args(i, 0)) for i, a in enumerate(self.actors)],
                              startup_timeout_s + 30, f"starting {replicas} engine servers")  # fmt: skip
             self.engine = ReplicaEngine(
                 [self._client(u) for u in urls], names=[f"engine-{j}" for j in placement.indices]
@@ -189,18 +190,9 @@ class RayEngines:
 
         return SGLangEngine(url, timeout_s=self.timeout_s)
 
-    @staticmethod
-    def _get(refs: Any, timeout_s: float, what: str) -> Any:
-        try:
-            return ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError as e:
-            raise ClusterError(f"{what}: no answer within {timeout_s} s") from e
-        except ray.exceptions.RayError as e:
-            raise ClusterError(f"{what} failed: {e}") from e
-
     def pids(self) -> list[int]:
         """The process id of each replica's actor (tests kill them)."""
-        return list(self._get([a.pid.remote() for a in self.actors], 30, "reading the actors' pids"))
+        return list(get_within([a.pid.remote() for a in self.actors], 30, "reading the actors' pids"))
 
     # ------------------------------------------------------------ faults
 
@@ -231,7 +223,7 @@ class RayEngines:
         with contextlib.suppress(Exception):
             ray.kill(self.actors[i], no_restart=True)
         self.actors[i] = self._actor(i)
-        url = self._get(self.actors[i].start.remote(*self._start_args(i, self.restarts + 1)),
+        url = get_within(self.actors[i].start.remote(*self._start_args(i, self.restarts + 1)),
                         self.startup_timeout_s + 30, f"restarting engine replica {self.placement.indices[i]}")  # fmt: skip
         client = self._client(url)
         if self.engine.last_path is not None:  # the weights the others serve, before it takes a session

@@ -16,7 +16,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from agentrl.errors import AgentRLError
 
-__all__ = ["ClusterError", "check_resources", "connect", "reserve"]
+__all__ = ["ClusterError", "check_resources", "connect", "get_within", "node_address", "reserve"]
 
 NAMESPACE = "agentrl"
 
@@ -43,6 +43,7 @@ def connect(address: str = "", *, log_to_driver: bool = False) -> bool:
             ray.init(address=target, **kwargs)
             return False
         ray.init(
+            address="local",  # a new Ray of this run's own, even beside a `ray start` one it was not told to join
             num_cpus=os.cpu_count() or 1,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
@@ -85,3 +86,23 @@ def reserve(bundles: Sequence[Mapping[str, float]], what: str, timeout_s: float 
             f"{timeout_s} s ({type(e).__name__}); free resources: {ray.available_resources()}"
         ) from e
     return pg
+
+
+def get_within(refs: Any, timeout_s: float, what: str) -> Any:
+    """``ray.get(refs)`` with a deadline; a timeout or an actor's failure is a :class:`ClusterError` naming ``what``."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        raise ClusterError(f"{what}: no answer within {timeout_s} s") from e
+    except ray.exceptions.RayError as e:
+        raise ClusterError(f"{what} failed: {e}") from e
+
+
+def node_address() -> str:
+    """The address the Ray node this runs on was started with (``--node-ip-address``), where its servers
+    bind so that other nodes reach them; a local Ray's is 127.0.0.1."""
+    here = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == here and node.get("NodeManagerAddress"):
+            return str(node["NodeManagerAddress"])
+    return "127.0.0.1"

@@ -40,19 +40,20 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.cluster.engines import Placement
-from agentrl.cluster.placement import NAMESPACE, ClusterError, connect, reserve
+from agentrl.cluster.parts import Share, bundles
+from agentrl.cluster.placement import NAMESPACE, ClusterError, connect, get_within, node_address, reserve
 from agentrl.errors import AgentRLError
 
 __all__ = ["TrainerActor", "assigned", "train_on_ray"]
 
 log = logging.getLogger(__name__)
 
-_ASSIGNED: Placement | None = None
+_ASSIGNED: Share | None = None
 _PASSED_ENV = ("AGENTRL_", "HF_", "TRANSFORMERS_", "OMP_NUM_THREADS")
 
 
-def assigned() -> Placement | None:
-    """In a trainer rank's actor: the engine replicas this rank owns (None anywhere else)."""
+def assigned() -> Share | None:
+    """In a trainer rank's actor: the engine replicas and env servers this rank owns (None anywhere else)."""
     return _ASSIGNED
 
 
@@ -67,9 +68,9 @@ class TrainerActor:
         """This node's address and a free port on it (rank 0's is the group's rendezvous)."""
         from agentrl.engines.launcher import free_port
 
-        return ray.util.get_node_ip_address(), free_port()
+        return node_address(), free_port()
 
-    def train(self, cfg: Any, world: int, master: tuple[str, int], engines: Placement, cwd: str,
+    def train(self, cfg: Any, world: int, master: tuple[str, int], share: Share, cwd: str,
               env: dict[str, str], cpus: float) -> dict[str, Any]:  # fmt: skip
         import torch
 
@@ -84,14 +85,22 @@ class TrainerActor:
         if Path(cwd).is_dir():  # relative paths in the config (an env file, a resume dir) mean the driver's
             os.chdir(cwd)
         torch.set_num_threads(max(1, int(cpus)))
-        trainers._ASSIGNED = engines
+        trainers._ASSIGNED = share
         return dataclasses.asdict(train(cfg))
 
 
-def _placements(trainers: int, engines: int, pg: Any) -> list[Placement]:
-    """Rank ``r`` owns engine replicas ``j ≡ r (mod trainers)``, in bundles ``trainers + j``."""
-    own = [[j for j in range(engines) if j % trainers == r] for r in range(trainers)]
-    return [Placement(pg, [trainers + j for j in js], js) for js in own]
+def _shares(trainers: int, engines: int, envs: int, pg: Any) -> list[Share]:
+    """Rank ``r`` owns engine replicas ``j ≡ r (mod trainers)``, in bundles ``trainers + j``, and env
+    servers ``k ≡ r (mod trainers)``, in bundles ``trainers + engines + k``."""
+
+    def own(n: int, first: int, r: int) -> Placement:
+        ks = [k for k in range(n) if k % trainers == r]
+        return Placement(pg, [first + k for k in ks], ks)
+
+    return [
+        Share(own(engines, trainers, r), own(envs, trainers + engines, r) if envs else None)
+        for r in range(trainers)
+    ]
 
 
 def train_on_ray(cfg: Any, *, poll_s: float = 2.0, start_timeout_s: float = 120.0) -> dict[str, Any]:
@@ -107,10 +116,10 @@ def train_on_ray(cfg: Any, *, poll_s: float = 2.0, start_timeout_s: float = 120.
     actors: list[Any] = []
     try:
         trainer = {"CPU": c.trainer_cpus, **({"GPU": c.trainer_gpus} if c.trainer_gpus else {})}
-        engine = {"CPU": c.engine_cpus, **({"GPU": c.engine_gpus} if c.engine_gpus else {})}
+        engine, env_server = bundles(cfg)
         pg = reserve(
-            [trainer] * n + [engine] * e,
-            f"{n} trainer ranks and {e} {cfg.model.engine} engine replicas",
+            [trainer] * n + [engine] * e + [env_server] * c.env_servers,
+            f"{n} trainer ranks, {e} {cfg.model.engine} engine replicas and {c.env_servers} env servers",
             c.placement_timeout_s,
         )
         for r in range(n):
@@ -121,11 +130,11 @@ def train_on_ray(cfg: Any, *, poll_s: float = 2.0, start_timeout_s: float = 120.
                     num_gpus=c.trainer_gpus, scheduling_strategy=strategy,
                 ).remote(r)
             )  # fmt: skip
-        master = _get(actors[0].address.remote(), start_timeout_s, "starting trainer rank 0")
+        master = get_within(actors[0].address.remote(), start_timeout_s, "starting trainer rank 0")
         env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV)}
         # rank 0's console is printed here behind Ray's "(TrainerActor pid=N)" prefix: as wide as this one
         env["COLUMNS"] = str(max(80, shutil.get_terminal_size((200, 24)).columns - 28))
-        places = _placements(n, e, pg)
+        places = _shares(n, e, c.env_servers, pg)
         refs = [
             a.train.remote(cfg, n, master, places[r], os.getcwd(), env, c.trainer_cpus)
             for r, a in enumerate(actors)
@@ -178,12 +187,3 @@ def _wait(refs: list[Any], poll_s: float, run_dir: Path) -> list[Any]:
                     f"The other ranks were stopped; {_resume_hint(run_dir)}"
                 ) from None
     return [results[r] for r in range(len(refs))]
-
-
-def _get(ref: Any, timeout_s: float, what: str) -> Any:
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError as e:
-        raise ClusterError(f"{what}: no answer within {timeout_s} s") from e
-    except ray.exceptions.RayError as e:
-        raise ClusterError(f"{what} failed: {e}") from e

@@ -244,14 +244,20 @@ def launch_vllm_server(
     seed: int = 0,
     threads: int = 1,
     startup_timeout_s: float = 600.0,
+    host: str = "127.0.0.1",
 ) -> EngineServer:
-    """Start vLLM on ``model_path`` (a local directory) from its own environment; wait for ``/health``."""
+    """Start vLLM on ``model_path`` (a local directory) from its own environment; wait for ``/health``.
+
+    ``host``: the address it binds and is reached at (a cluster node's own address on Ray).
+    """
     exe = find_vllm_python(python)
     port = port or free_port()
     dtype = "auto" if _cuda() else "float32"  # bf16 matmuls are several times slower than fp32 on a CPU
-    cmd = vllm_command(exe, model_path, port=port, max_model_len=max_model_len, seed=seed, dtype=dtype)
+    cmd = vllm_command(
+        exe, model_path, host=host, port=port, max_model_len=max_model_len, seed=seed, dtype=dtype
+    )
     return launch_server(
-        cmd, f"http://127.0.0.1:{port}", startup_timeout_s=startup_timeout_s, log_path=log_path,
+        cmd, f"http://{host}:{port}", startup_timeout_s=startup_timeout_s, log_path=log_path,
         env=vllm_env(threads),
     )  # fmt: skip
 

@@ -388,6 +388,10 @@ class ClusterConfig:
     """CPUs reserved for each trainer rank's actor (with --trainers > 1)"""
     trainer_gpus: float = 0.0
     """GPUs reserved for each trainer rank's actor (with --trainers > 1; NCCL between ranks when > 0)"""
+    env_servers: int = 0
+    """env servers (agentrl serve-env of --env) as Ray CPU actors, replaced when they die; 0: envs run in the trainer's process"""
+    env_cpus: float = 1.0
+    """CPUs reserved for each env server's actor"""
     placement_timeout_s: float = 60.0
     """deadline for the placement group to be ready (after the resource pre-check passed)"""
 
@@ -409,6 +413,15 @@ class ClusterConfig:
         if self.engines % self.trainers:
             _fail("cluster", "engines", self.engines, f"must be a multiple of --trainers {self.trainers}: "
                   "each trainer rank rolls out on its own engines/trainers replicas")  # fmt: skip
+        if self.env_servers < 0 or self.env_cpus <= 0:
+            _fail("cluster", "env_servers/env_cpus", (self.env_servers, self.env_cpus),
+                  "need env_servers >= 0 and env_cpus > 0")  # fmt: skip
+        if self.env_servers and not self.ray:
+            _fail("cluster", "env_servers", self.env_servers, "env servers as actors run on Ray: add --ray "
+                  "(or start `agentrl serve-env` yourself and pass --env-url)")  # fmt: skip
+        if self.env_servers % self.trainers:
+            _fail("cluster", "env_servers", self.env_servers, f"must be a multiple of --trainers "
+                  f"{self.trainers}: each trainer rank plays its episodes on its own share")  # fmt: skip
         if self.trainer_cpus <= 0 or self.trainer_gpus < 0:
             _fail("cluster", "trainer_cpus/trainer_gpus", (self.trainer_cpus, self.trainer_gpus),
                   "need trainer_cpus > 0 and trainer_gpus >= 0")  # fmt: skip
@@ -455,6 +468,16 @@ class TrainConfig:
                     "model.engine_url",
                     self.model.engine_url,
                     "the Ray engine replicas are started by this run",
+                ),
+                (
+                    "rollout.env_url",
+                    r.env_url if self.cluster.env_servers else "",
+                    "--env-servers starts the env servers on Ray; leave one of the two out",
+                ),
+                (
+                    "rollout.agent",
+                    r.agent if self.cluster.env_servers else "",
+                    "agent episodes play local envs",
                 ),
             ):
                 if value:

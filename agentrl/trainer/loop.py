@@ -132,6 +132,7 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                     "sync/version": float(run.rt.engine.weight_version),
                     "sync/bytes": float(pushed.bytes if pushed else 0),
                     **_replica_metrics(run.rt.engine, run.rt.ranks),
+                    **_env_server_metrics(run.rt.server, run.rt.ranks),
                 }
                 _log_eval_checkpoint(run, step + 1, row, task, [int(g[0].group_id[1:]) for g in res.groups])
             _eval_end(run)
@@ -158,6 +159,16 @@ def _replica_metrics(engine: Any, ranks: Ranks) -> dict[str, float]:
         "engines/live": float(sum(r["live"] for r in s["replicas"])),
         "engines/serving": float(sum(r["requests"] > 0 for r in s["replicas"])),
     }
+    return dict(zip(row, ranks.all_sum(list(row.values())), strict=True))
+
+
+def _env_server_metrics(server: Any, ranks: Ranks) -> dict[str, float]:
+    """Env servers on Ray (``--env-servers N``): restarts so far and servers in the rotation, summed over
+    the trainer ranks (a collective when there are several)."""
+    stats = getattr(server, "env_stats", None)
+    row = stats() if stats is not None else None
+    if not row:
+        return {}
     return dict(zip(row, ranks.all_sum(list(row.values())), strict=True))
 
 

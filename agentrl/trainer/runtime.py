@@ -231,8 +231,11 @@ def build_runtime(
         if cfg.rollout.session_url:  # checked before the policy loads: a wrong URL or model fails fast
             sessions, engine = _connect_session_server(cfg, loop, tokenizer, name)
         elif cfg.cluster.ray:  # the replicas start before the policy loads: a cluster too small fails fast
-            engine, server = _ray_engines(cfg, name, run_dir, ranks)
+            engine, parts = _ray_engines(cfg, name, run_dir, ranks)
+            server = parts
             sessions = _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent))
+            r = cfg.rollout
+            env_factory = parts.env_factory(dict(r.env_kwargs), r.episode_timeout_s) or env_factory
         elif cfg.model.engine != "hf":  # started (or reached) before the policy loads, for the same reason
             engine, server = _engine_server(cfg, name, run_dir, ranks)
             sessions = _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent))
@@ -316,33 +319,27 @@ def _engine_server(
     return engine, server
 
 
-def _ray_engines(cfg: TrainConfig, name: str, run_dir: Path | None, ranks: Ranks) -> tuple[Engine, Stoppable]:
-    """``cluster.engines`` replicas of ``model.engine`` on Ray actors, as one engine (agentrl/cluster).
+def _ray_engines(cfg: TrainConfig, name: str, run_dir: Path | None, ranks: Ranks) -> tuple[Engine, Any]:
+    """``cluster.engines`` replicas of ``model.engine`` (and ``cluster.env_servers`` env servers) on
+    Ray actors; the replicas as one engine (agentrl/cluster).
 
-    In a trainer rank's actor (``--trainers N``) only the replicas that rank owns, in the bundles
-    the driver reserved for them.
+    In a trainer rank's actor (``--trainers N``) only the replicas and env servers that rank owns,
+    in the bundles the driver reserved for them.
     """
     if cfg.model.engine == "sglang":
         raise ConfigError("cluster.ray=True with model.engine='sglang': Ray replicas run hf or vllm for now")
-    from agentrl.cluster.engines import RayEngines
+    from agentrl.cluster.parts import RayParts
     from agentrl.cluster.trainers import assigned
     from agentrl.engines.launcher import local_model_dir
 
-    placement = assigned()
-    if ranks.world > 1 and placement is None:
+    share = assigned()
+    if ranks.world > 1 and share is None:
         raise ConfigError(
             "cluster.ray=True under torchrun: with --ray the trainer ranks are Ray actors; run "
             f"`agentrl train --ray --trainers {ranks.world}` without torchrun"
         )
-    c, m = cfg.cluster, cfg.model
-    replicas = RayEngines(
-        m.engine, local_model_dir(name), replicas=len(placement.bundles) if placement else c.engines,
-        cpus=c.engine_cpus, gpus=c.engine_gpus, address=c.ray_address, seed=cfg.run.seed, log_dir=run_dir,
-        python=m.engine_python, startup_timeout_s=m.engine_startup_s,
-        timeout_s=max(300.0, cfg.rollout.episode_timeout_s), placement_timeout_s=c.placement_timeout_s,
-        placement=placement,
-    )  # fmt: skip
-    return replicas.engine, replicas
+    parts = RayParts.start(cfg, local_model_dir(name), run_dir, share)
+    return parts.engine, parts
 
 
 def _connect_session_server(

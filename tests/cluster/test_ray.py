@@ -39,7 +39,11 @@ def _ours(words: tuple[str, ...] = LEFTOVERS) -> list[str]:
     out = subprocess.run(
         ["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, timeout=30
     ).stdout
-    return [line for line in out.splitlines() if any(w in line for w in words) and "ps -eww" not in line]
+    return [
+        line
+        for line in out.splitlines()
+        if any(w in line for w in words) and "ps -eww" not in line and "<defunct>" not in line
+    ]
 
 
 @pytest.fixture(autouse=True)

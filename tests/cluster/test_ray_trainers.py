@@ -23,12 +23,12 @@ pytest.importorskip("ray", reason="the ray extra is not installed (pip install '
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1500)]
 
-FLAGS = [
+BASE = [
     "--env", "countdown", "--model", "tiny", "--group-size", "2", "--tasks-per-step", "2",
     "--max-new-tokens", "8", "--eval-episodes", "4", "--eval-every", "0", "--sft-steps", "3",
-    "--no-progress", "--no-tensorboard",
-    "--ray", "--trainers", "2", "--engines", "2", "--trainer-cpus", "0.5", "--engine-cpus", "0.5",
+    "--no-progress", "--no-tensorboard", "--ray",
 ]  # fmt: skip
+FLAGS = [*BASE, "--trainers", "2", "--engines", "2", "--trainer-cpus", "0.5", "--engine-cpus", "0.5"]
 CMD = [sys.executable, "-c", "import sys; from agentrl.cli import main; sys.exit(main())", "train"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 LEFTOVERS = ("raylet", "gcs_server", "serve-engine", "agentrl.engines.reaper", "default_worker.py", "ray::")
@@ -38,7 +38,11 @@ def _ours(words: tuple[str, ...] = LEFTOVERS) -> list[str]:
     out = subprocess.run(
         ["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, timeout=30
     ).stdout
-    return [line for line in out.splitlines() if any(w in line for w in words) and "ps -eww" not in line]
+    return [
+        line
+        for line in out.splitlines()
+        if any(w in line for w in words) and "ps -eww" not in line and "<defunct>" not in line
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -126,4 +130,47 @@ def test_a_killed_rank_ends_the_run_naming_it_and_resume_continues(tmp_path: Pat
     assert [r["step"] for r in steps] == [last + 1, last + 2]
     assert all(r["rollout/episodes_ok"] == 4 and r["engines/live"] == 2 for r in steps)
     assert steps[-1]["sync/version"] == last + 2  # the replicas took the resumed weights' version on
+    assert _gone_within(30) == []
+
+
+def test_env_servers_run_as_actors_and_a_killed_one_is_replaced(tmp_path: Path) -> None:
+    """--env-servers 2: the episodes play on two `serve-env` actors; kill -9 of one mid-run is
+    retried as an infrastructure failure (never scored) and the server is replaced; Ctrl-C ends it."""
+    run = tmp_path / "run"
+    flags = [*BASE, "--engines", "1", "--engine-cpus", "0.5", "--env-servers", "2", "--env-cpus", "0.5"]
+    proc = subprocess.Popen(  # one trainer: the driver trains
+        [*CMD, *flags, "--steps", "100000", "--run-dir", str(run)],
+        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None and len(_rows(run)) < 2:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert _rows(run)[-1]["envs/live"] == 2
+        reapers = [line.split()[0] for line in _ours(("agentrl.engines.reaper",)) if "serve-env" in line]
+        assert len(reapers) == 2, reapers
+        actor = subprocess.run(
+            ["ps", "-o", "ppid=", "-p", reapers[0]], capture_output=True, text=True, timeout=30
+        )
+        os.kill(int(actor.stdout.strip()), signal.SIGKILL)  # the env server's actor process, kill -9
+        killed_at = len(_rows(run))
+        while time.monotonic() < deadline and proc.poll() is None:  # until the replacement served 3 steps
+            if len([r for r in _rows(run) if r["envs/restarts"] >= 1 and r["envs/live"] == 2]) >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 130, err[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+            subprocess.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], timeout=120)
+    steps = _rows(run)
+    assert len(steps) > killed_at + 3 and steps[-1]["envs/restarts"] == 1
+    assert all(r["rollout/episodes_infra_error"] == 0 for r in steps)  # retried, never scored
+    assert all(r["rollout/episodes_ok"] == 4 for r in steps)
+    assert (run / "env-0.log").exists() and (run / "env-1.log").exists()
     assert _gone_within(30) == []

@@ -80,6 +80,15 @@ def test_unknown_toml_key_is_named_with_suggestion(tmp_path):
             r"cluster\.engines=3: must be a multiple of --trainers 2",
         ),
         ({"ray": True, "trainers": 0}, r"cluster\.trainers=0: must be >= 1"),
+        ({"env_servers": 2}, r"cluster\.env_servers=2: env servers as actors run on Ray: add --ray"),
+        (
+            {"ray": True, "trainers": 2, "engines": 2, "env_servers": 3},
+            r"cluster\.env_servers=3: must be a multiple of --trainers 2",
+        ),
+        (
+            {"ray": True, "env_servers": 1, "env_url": "http://127.0.0.1:8100"},
+            r"cluster\.ray=True: cannot be combined with rollout\.env_url=",
+        ),
         ({"ray": True, "trainer_cpus": 0.0}, r"cluster\.trainer_cpus/trainer_gpus=\(0\.0, 0\.0\)"),
     ],
 )
