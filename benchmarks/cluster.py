@@ -85,7 +85,7 @@ def ray_overhead(args: argparse.Namespace, tmp: Path) -> None:
     server = launch_server(cmd, f"http://127.0.0.1:{port}", startup_timeout_s=300, log_path=tmp / "serve.log",
                            env={"OMP_NUM_THREADS": "1"})  # fmt: skip
     try:
-        url = ["--engine-url", f"http://127.0.0.1:{port}"]
+        url = ["--engine", "sglang", "--engine-url", f"http://127.0.0.1:{port}"]  # serve-engine speaks SGLang
         rows.append(("--engine-url (one serve-engine, HTTP)", _train(tmp / "url", args.steps, url, 900)))
     finally:
         server.stop()
