@@ -153,8 +153,8 @@ def train_on_ray(cfg: Any, *, poll_s: float = 2.0, start_timeout_s: float = 120.
 
 def _resume_hint(run_dir: Path) -> str:
     """How to continue after a rank died: the last checkpoint written, if any."""
-    steps = sorted(
-        (run_dir / "checkpoints").glob("step-*"),
+    steps = sorted(  # complete ones only: trainer_state.pt is renamed into place last
+        (p for p in (run_dir / "checkpoints").glob("step-*") if (p / "trainer_state.pt").exists()),
         key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else -1,
     )
     if not steps:
