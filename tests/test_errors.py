@@ -57,6 +57,8 @@ ALLOWED_IN_FUNCTION = {
     # connection ended fails like one; open() and call() catch both and raise EnvInfraError.
     ("envs/mcp_tools.py", "run", "TimeoutError"),
     ("envs/mcp_tools.py", "_call", "ConnectionError"),
+    # A trainer rank interrupted by Ctrl-C: the driver re-raises it as its own Ctrl-C (exit 130).
+    ("cluster/trainers.py", "_wait", "KeyboardInterrupt"),
     # PEP 562: a module-level __getattr__ must raise AttributeError (hasattr, import machinery).
     ("engines/__init__.py", "__getattr__", "AttributeError"),
     ("envs/__init__.py", "__getattr__", "AttributeError"),
