@@ -2,7 +2,8 @@
 
 What is measured: trained episodes per hour of a loop that rolls out, "updates" and syncs
 weights, for the synchronous loop (``K = 0``), continuous rollout at ``K = 1`` and ``K = 2``,
-and ``K = 1`` with over-provisioning, each mode back to back in one process on the same tasks.
+with over-provisioning, and ``K = 2`` with over-provisioning and the stale tokens of stragglers
+masked instead of waited for (``stale_tokens="mask"``), each mode back to back in one process on the same tasks.
 Also per mode: the rollout's share of wall time (the trainer waiting for data), the trainer's
 data-wait per step, and the staleness of the trained tokens (max, and the share per lag).
 
@@ -72,6 +73,7 @@ class Mode:
     name: str
     staleness: int
     overprovision: int = 0
+    stale_tokens: str = "wait"
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Outcome:
     wait_per_step_s: float
     staleness_max: int
     lag_shares: list[float]
+    masked_share: float | None  # sampled tokens left out of the loss as too stale (mask mode only)
 
 
 def _lags(res: RolloutResult, version: int) -> list[int]:
@@ -115,9 +118,11 @@ def run_mode(
             temperature=1.0,
             max_staleness=mode.staleness,
             overprovision=mode.overprovision,
+            stale_tokens=mode.stale_tokens,
             timeout_s=600,
         )
     lags: list[int] = []
+    masked: list[float] = []
     waits: list[float] = []
     episodes, t_start = 0, 0.0
     try:
@@ -135,6 +140,8 @@ def run_mode(
                 waits.append(wait)
                 episodes += len(res.episodes)
                 lags += _lags(res, engine.weight_version)
+                if "rollout/stale_masked_frac" in res.metrics:
+                    masked.append(res.metrics["rollout/stale_masked_frac"])
             time.sleep(args.update_s)  # the simulated update
             loop.run(
                 engine.update_weights_from_state_dict(weights, version=engine.weight_version + 1),
@@ -155,6 +162,7 @@ def run_mode(
         statistics.mean(waits),
         max(lags, default=0),
         [lags.count(i) / max(len(lags), 1) for i in range(k + 1)],
+        statistics.mean(masked) if masked else None,
     )
 
 
@@ -223,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         Mode("K = 2", 2),
         Mode("K = 1, overprovision 4", 1, 4),
         Mode("K = 2, overprovision 8", 2, 8),
+        Mode("K = 2, overprovision 8, stale tokens masked", 2, 8, "mask"),
     ]
     print(
         f"# continuous rollout vs sync: {args.tasks} groups × {args.group} episodes a step, {args.steps} steps a mode,"
@@ -235,14 +244,16 @@ def main(argv: list[str] | None = None) -> int:
         base = outcomes[0].episodes_per_hour
         print(f"## engine: {name}\n")
         print(
-            "| mode | episodes/hour | × sync | data-wait share | wait/step (s) | staleness max | trained tokens by lag |"
+            "| mode | episodes/hour | × sync | data-wait share | wait/step (s) | staleness max"
+            " | trained tokens by lag | tokens masked |"
         )
-        print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
         for o in outcomes:
             lag = " / ".join(f"{x:.2f}" for x in o.lag_shares)
             print(
                 f"| {o.mode} | {o.episodes_per_hour:,.0f} | {o.episodes_per_hour / base:.2f}× | "
-                f"{o.data_wait_share:.0%} | {o.wait_per_step_s:.2f} | {o.staleness_max} | {lag} |"
+                f"{o.data_wait_share:.0%} | {o.wait_per_step_s:.2f} | {o.staleness_max} | {lag} | "
+                f"{'–' if o.masked_share is None else f'{o.masked_share:.1%}'} |"
             )
         print()
         engine.close()

@@ -132,6 +132,8 @@ class RolloutConfig:
     """asynchronous rollout: start this many groups beyond the staleness bound, so stragglers are carried over instead of delaying a batch (needs max_staleness >= 1)"""
     requeue_stale: bool = False
     """asynchronous rollout, strict on-policy: no episode spans a weight update; groups in flight when the weights change are aborted and replayed from their start (needs max_staleness >= 1)"""
+    stale_tokens: Literal["wait", "mask"] = "wait"
+    """asynchronous rollout, a straggler whose first tokens reach K versions old: 'wait' (the trainer waits for it and trains it whole) or 'mask' (the trainer never waits; tokens more than K versions old when it is trained are left out of the loss, kept as context)"""
     eval_every: int = 5
     """evaluate on held-out seeds every N train steps (0: only at start and end)"""
     eval_episodes: int = 64
@@ -163,6 +165,20 @@ class RolloutConfig:
                 "requeue_stale",
                 self.requeue_stale,
                 "needs asynchronous rollout: set --max-staleness 1 or more",
+            )
+        if self.stale_tokens == "mask" and not self.max_staleness:
+            _fail(
+                "rollout",
+                "stale_tokens",
+                self.stale_tokens,
+                "needs asynchronous rollout: set --max-staleness 1 or more",
+            )
+        if self.stale_tokens == "mask" and self.requeue_stale:
+            _fail(
+                "rollout",
+                "stale_tokens",
+                self.stale_tokens,
+                "conflicts with --requeue-stale (which replays stale groups instead): pick one",
             )
         if not isinstance(self.env_kwargs, dict):
             _fail("rollout", "env_kwargs", self.env_kwargs, "must be a table / JSON object")

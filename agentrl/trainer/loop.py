@@ -342,6 +342,7 @@ def _rollouts(run: _Run, start: int) -> Any:
             max_staleness=r.max_staleness,
             overprovision=r.overprovision,
             requeue_stale=r.requeue_stale,
+            stale_tokens=r.stale_tokens,
             next_task=int(mine.get("next_task", start * r.tasks_per_step // rt.ranks.world)),
             replay=[int(k) for k in mine.get("pending", [])],
             shard=(rt.ranks.rank, rt.ranks.world),

@@ -41,6 +41,17 @@ longer than a step — the trainer waits for a due group, so a replay always end
 default (carry over, partial rollouts) wastes nothing and is the one to use unless a strictly
 single-version episode matters more than throughput.
 
+**Mask** (``stale_tokens="mask"``: the trainer never waits for a straggler). The bound is kept
+per token instead of per group: no group is ever due, every batch is the ``T`` complete groups of
+lowest task id, and a group that ends after its first tokens fell more than ``K`` versions behind
+is trained with those tokens masked out of the loss: they stay in the sequence as context, and
+the tokens sampled since (by versions within ``K``, thanks to partial rollout) are trained with
+the episode's reward (``rollout/stale_masked_frac``, the share of the batch's sampled tokens
+masked). A complete group with no token left within the bound is replayed from its start
+(``rollout/groups_requeued``), so nothing is lost. The trade: a long episode's early actions get
+no gradient (the later ones are conditioned on them, sampled by recent weights, and are the
+ones trained), against a trainer that no longer idles on the tail.
+
 **Ranks.** Under ``torchrun`` every rank runs a service over its share of the tasks (``shard =
 (rank, world)``: local task ``j`` is global task ``j * world + rank``) with its own engine, and
 takes ``T / world`` groups a step; the trainer gathers the shares on its own thread, so no
@@ -54,6 +65,7 @@ cannot be captured in general), then goes on from the next task, so every task i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections import Counter, deque
@@ -91,18 +103,23 @@ class RolloutService:
         shard: tuple[int, int] = (0, 1),
         timeout_s: float = 600.0,
         requeue_stale: bool = False,
+        stale_tokens: str = "wait",
     ) -> None:
         if max_staleness < 1:
             raise TrainerError(
                 f"max_staleness={max_staleness}: the service needs >= 1 (0 is the synchronous loop)"
             )
+        if stale_tokens not in ("wait", "mask"):
+            raise TrainerError(f"stale_tokens={stale_tokens!r}: must be 'wait' or 'mask'")
+        if stale_tokens == "mask" and requeue_stale:
+            raise TrainerError("stale_tokens='mask' with requeue_stale=True: pick one way to keep the bound")
         self.rollout, self.loop, self.version = rollout, loop, version
         self.rank, self.world = shard
         if tasks_per_step % self.world:
             raise TrainerError(f"tasks_per_step={tasks_per_step} does not split across {self.world} ranks")
         self.T, self.G, self.temperature = tasks_per_step // self.world, group_size, temperature
         self.K, self.O, self.timeout_s = max_staleness, overprovision, timeout_s
-        self.requeue_stale = requeue_stale
+        self.requeue_stale, self.mask_stale = requeue_stale, stale_tokens == "mask"
         self._requeued = 0  # groups aborted and requeued since the last take (counted there)
         self._queue: deque[int] = deque(sorted(replay))  # what a checkpoint left untrained: first in line
         self._next = next_task
@@ -200,8 +217,13 @@ class RolloutService:
                 raise err
             v = self.version()
             self._changed.clear()
+            if self.mask_stale:
+                self._requeue_expired(v)
             self._admit()
-            due = [k for k, sv in self._start_version.items() if sv <= v - self.K]
+            if self.mask_stale:  # nothing is ever due: stale tokens are masked at the batch instead
+                due: list[int] = []
+            else:
+                due = [k for k, sv in self._start_version.items() if sv <= v - self.K]
             if all(k in self._done for k in due):
                 rest = sorted(k for k in self._done if k not in due)
                 ready = sorted(due) + rest[: max(0, self.T - len(due))]
@@ -215,8 +237,17 @@ class RolloutService:
                 )
             await self._changed.wait()
 
+    def _requeue_expired(self, v: int) -> None:
+        """Replay the complete groups that kept no sampled token within ``K`` versions of ``v``."""
+        for k in [k for k, g in self._done.items() if not _has_tokens_since(g, v - self.K)]:
+            del self._done[k]
+            self._requeue(k)
+
     def _batch(self, step: int, ready: list[int], v: int) -> RolloutResult:
         groups = [self._done.pop(k) for k in ready]
+        masked = 0
+        if self.mask_stale:
+            groups, masked = _mask_older_than(groups, v - self.K)
         first = min(self._started.pop(k) for k in ready)
         for k in ready:
             del self._start_version[k]
@@ -231,6 +262,8 @@ class RolloutService:
             if m
         )
         total = max(sum(lags.values()), 1)
+        if self.mask_stale:
+            res.metrics["rollout/stale_masked_frac"] = masked / max(sum(lags.values()) + masked, 1)
         res.metrics.update({f"rollout/lag_{lag}_frac": lags[lag] / total for lag in range(self.K + 1)})
         mixed = sum(_spans_versions([e]) for g in groups for e in g)
         res.metrics["rollout/mixed_version_frac"] = mixed / max(sum(len(g) for g in groups), 1)
@@ -278,3 +311,35 @@ def _spans_versions(group: list[Episode]) -> bool:
         if m
     }
     return len(versions) > 1
+
+
+def _has_tokens_since(group: list[Episode], oldest: int) -> bool:
+    """Whether some sampled token of ``group`` carries version ``oldest`` or later."""
+    return any(
+        ver >= oldest
+        for e in group
+        for t in e.trajectories
+        for ver, m in zip(t.policy_versions, t.loss_mask, strict=True)
+        if m
+    )
+
+
+def _mask_older_than(groups: list[list[Episode]], oldest: int) -> tuple[list[list[Episode]], int]:
+    """``groups`` with every sampled token older than version ``oldest`` out of the loss (kept as
+    context), and how many were masked. Episodes are copied, not changed in place."""
+    out: list[list[Episode]] = []
+    masked = 0
+    for g in groups:
+        new_group = []
+        for e in g:
+            trajs = []
+            for t in e.trajectories:
+                mask = [
+                    m if ver >= oldest else 0 for ver, m in zip(t.policy_versions, t.loss_mask, strict=True)
+                ]
+                n = sum(t.loss_mask) - sum(mask)
+                masked += n
+                trajs.append(t.model_copy(update={"loss_mask": mask}) if n else t)
+            new_group.append(dataclasses.replace(e, trajectories=trajs))
+        out.append(new_group)
+    return out, masked

@@ -24,7 +24,7 @@ from rich.console import Console
 from agentrl.errors import ConfigError
 from agentrl.eventloop import LoopThread
 from agentrl.trainer.config import resolve
-from agentrl.trainer.errors import RolloutError
+from agentrl.trainer.errors import RolloutError, TrainerError
 from agentrl.trainer.loop import train
 from agentrl.trainer.metrics import read_jsonl, summary_table
 from agentrl.trainer.rollout import Episode
@@ -237,6 +237,59 @@ def test_requeue_stale_needs_async():
         resolve(requeue_stale=True)
 
 
+def test_mask_stale_never_waits_for_a_straggler_and_trains_only_its_tokens_within_k(loop):
+    rollout = Spanning(seconds=lambda k: 0.5 if k == 0 else 0.01)
+    svc = _service(rollout, loop, max_staleness=1, stale_tokens="mask")
+    try:
+        res, _ = svc.take(0)
+        assert [int(g[0].group_id[1:]) for g in res.groups] == [1, 2, 3, 4]
+        rollout.version += 1
+        res, waited = svc.take(1)  # group 0 is now K versions old: 'wait' would wait here, 'mask' does not
+        assert [int(g[0].group_id[1:]) for g in res.groups] == [5, 6, 7, 8] and waited < 0.3
+        rollout.version += 1
+        time.sleep(0.6)  # group 0 ends under version 2: its first token (version 0) is 2 versions old
+        res, _ = svc.take(2)
+        ids = [int(g[0].group_id[1:]) for g in res.groups]
+        assert ids[0] == 0 and rollout.starts.count(0) == 1  # trained, played once
+        straggler = res.groups[0][0].trajectories[0]
+        assert straggler.policy_versions == [-1, 0, 2] and straggler.loss_mask == [0, 0, 1]  # kept as context
+        assert res.metrics["rollout/stale_masked_frac"] == pytest.approx(2 / (2 * 4 * 2))  # 2 of 16 tokens
+        assert res.metrics["rollout/lag_0_frac"] + res.metrics["rollout/lag_1_frac"] == pytest.approx(1.0)
+    finally:
+        svc.close()
+
+
+def test_mask_stale_replays_a_group_with_no_token_left_within_k(loop):
+    rollout = Scripted(seconds=lambda k: 0.5 if k == 0 and rollout.starts.count(0) == 1 else 0.01)
+    svc = _service(rollout, loop, max_staleness=1, stale_tokens="mask")
+    trained: list[int] = []
+    requeued = 0.0
+    try:
+        for step in range(4):
+            res, _ = svc.take(step)
+            trained += [int(g[0].group_id[1:]) for g in res.groups]
+            requeued += res.metrics["rollout/groups_requeued"]
+            lags = {
+                rollout.version - t.policy_versions[1] for g in res.groups for e in g for t in e.trajectories
+            }
+            assert max(lags) <= 1, (step, lags)  # its one token would be 2 versions old: never trained
+            rollout.version += 1
+            time.sleep(0.3)
+    finally:
+        svc.close()
+    assert requeued == 1 and rollout.starts.count(0) == 2  # replayed from its start, once
+    assert sorted(trained) == list(range(len(trained))) and 0 in trained  # nothing lost, nothing twice
+
+
+def test_stale_tokens_mask_is_checked(loop):
+    with pytest.raises(ConfigError, match=r"rollout.stale_tokens='mask': needs asynchronous rollout"):
+        resolve(stale_tokens="mask")
+    with pytest.raises(ConfigError, match=r"rollout.stale_tokens='mask': conflicts with --requeue-stale"):
+        resolve(stale_tokens="mask", requeue_stale=True, max_staleness=1)
+    with pytest.raises(TrainerError, match="stale_tokens='late': must be 'wait' or 'mask'"):
+        _service(Scripted(), loop, stale_tokens="late")
+
+
 # ---------------------------------------------------------------- the real loop
 
 SMALL = {
@@ -286,6 +339,27 @@ def test_requeue_stale_training_trains_each_episode_under_one_version(tmp_path, 
     assert sum(r["rollout/groups_requeued"] for r in steps) >= 1  # the update did overtake groups in flight
     tasks = [t for r in read_jsonl(tmp_path / "tasks.jsonl") for t in r["tasks"]]
     assert len(tasks) == len(set(tasks)) == 8  # every trained task once, none lost to a requeue
+
+
+def test_mask_stale_training_keeps_the_bound_per_token_and_loses_no_task(tmp_path, slow_updates, monkeypatch):
+    from agentrl.engines.hf import HFEngine
+
+    generate = HFEngine.generate
+
+    async def slow_generate(self, *args, **kwargs):  # groups outlast updates, some past the bound
+        out = await generate(self, *args, **kwargs)
+        await asyncio.sleep(0.5)
+        return out
+
+    monkeypatch.setattr(HFEngine, "generate", slow_generate)
+    cfg = resolve(**SMALL, eval_every=0, steps=4, max_staleness=1, stale_tokens="mask", run_dir=str(tmp_path))
+    train(cfg, console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
+    steps = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["train/staleness_max"] <= 1 for r in steps)  # no trained token past the bound
+    assert all(0.0 <= r["rollout/stale_masked_frac"] < 1.0 for r in steps)
+    tasks = [t for r in read_jsonl(tmp_path / "tasks.jsonl") for t in r["tasks"]]
+    assert len(tasks) == len(set(tasks)) == 8  # every trained task once, none lost to a replay
 
 
 @pytest.mark.slow
