@@ -69,7 +69,7 @@ import dataclasses
 import functools
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from agentrl.eventloop import LoopThread
@@ -253,14 +253,7 @@ class RolloutService:
             del self._start_version[k]
         dropped, self._dropped = self._dropped, []
         res = summarize(groups + dropped, time.perf_counter() - first)
-        lags: Counter[int] = Counter(
-            v - ver
-            for g in groups
-            for e in g
-            for t in e.trajectories
-            for ver, m in zip(t.policy_versions, t.loss_mask, strict=True)
-            if m
-        )
+        lags: Counter[int] = Counter(v - ver for ver in _sampled_versions([e for g in groups for e in g]))
         total = max(sum(lags.values()), 1)
         if self.mask_stale:
             res.metrics["rollout/stale_masked_frac"] = masked / max(sum(lags.values()) + masked, 1)
@@ -303,25 +296,19 @@ class RolloutService:
 
 def _spans_versions(group: list[Episode]) -> bool:
     """Whether the sampled tokens of ``group`` carry more than one weight version."""
-    versions = {
-        ver
-        for e in group
-        for t in e.trajectories
-        for ver, m in zip(t.policy_versions, t.loss_mask, strict=True)
-        if m
-    }
-    return len(versions) > 1
+    return len(set(_sampled_versions(group))) > 1
 
 
 def _has_tokens_since(group: list[Episode], oldest: int) -> bool:
     """Whether some sampled token of ``group`` carries version ``oldest`` or later."""
-    return any(
-        ver >= oldest
-        for e in group
-        for t in e.trajectories
-        for ver, m in zip(t.policy_versions, t.loss_mask, strict=True)
-        if m
-    )
+    return any(ver >= oldest for ver in _sampled_versions(group))
+
+
+def _sampled_versions(episodes: list[Episode]) -> Iterator[int]:
+    """The weight version of every trained (loss-masked) token of ``episodes``."""
+    for e in episodes:
+        for t in e.trajectories:
+            yield from (ver for ver, m in zip(t.policy_versions, t.loss_mask, strict=True) if m)
 
 
 def _mask_older_than(groups: list[list[Episode]], oldest: int) -> tuple[list[list[Episode]], int]:
