@@ -34,6 +34,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "add_cli_flags",
+    "advisories",
     "field_help",
     "load_toml",
     "resolve",
@@ -633,3 +634,17 @@ def to_dict(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
 def to_toml(cfg: TrainConfig) -> str:
     """Render the resolved config as TOML that :func:`load_toml` reads back to the same config."""
     return configlib.to_toml(to_dict(cfg))
+
+
+def advisories(cfg: TrainConfig) -> list[str]:
+    """Valid settings that probably do not do what was meant, each with what to change (printed at the start)."""
+    a, out = cfg.algo, []
+    if a.decoupled and a.epochs * a.num_minibatches == 1:
+        out.append(
+            "algo.decoupled=True with one update a step (epochs=1, num_minibatches=1): the clip is "
+            "against the weights of that same update, so it never acts and the update is an "
+            "importance-weighted policy gradient with no trust region (at --max-staleness 1 on "
+            "countdown it learned markedly slower than plain PPO; docs/training.md). "
+            "Use --num-minibatches 2 or more, as decoupled PPO is meant to run"
+        )
+    return out

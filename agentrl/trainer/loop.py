@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from agentrl.errors import ConfigError
 from agentrl.trainer.backend import FSDP2Backend, init_distributed
-from agentrl.trainer.config import TrainConfig, to_toml
+from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
 from agentrl.trainer.rollout import RolloutResult, merge_results
@@ -188,6 +188,8 @@ def _setup(cfg: TrainConfig, console: Any) -> _Run:
     run_dir = start_run_dir(cfg, ranks)
     console.print(f"[bold]agentrl train[/bold] → {run_dir}" + (f"  ({world} ranks)" if world > 1 else ""))
     console.print(to_toml(cfg), markup=False, highlight=False)
+    for note in advisories(cfg):
+        console.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     seed_everything(cfg.run.seed)
     rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir)
     try:

@@ -245,3 +245,11 @@ def test_a_bad_env_reference_or_import_fails_in_resolve(env_dir):
     # on an env server the reference is the server's to resolve: nothing is loaded here
     remote = C.resolve(env="not/here.py:Env1", env_url="http://127.0.0.1:1")
     assert remote.rollout.env == "not/here.py:Env1"
+
+
+def test_decoupled_with_one_update_a_step_gets_an_advisory_naming_the_fix():
+    (note,) = C.advisories(C.resolve(decoupled=True))
+    assert "algo.decoupled=True with one update a step" in note and "--num-minibatches 2" in note
+    assert C.advisories(C.resolve(decoupled=True, num_minibatches=2)) == []
+    assert C.advisories(C.resolve(decoupled=True, epochs=2)) == []
+    assert C.advisories(C.resolve()) == []
