@@ -363,14 +363,14 @@ def test_mask_stale_training_keeps_the_bound_per_token_and_loses_no_task(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_kill_9_mid_run_then_resume_trains_every_task_exactly_once(tmp_path, staleness):
+@pytest.mark.parametrize(("staleness", "stale_tokens"), [(0, "wait"), (1, "wait"), (1, "mask")])
+def test_kill_9_mid_run_then_resume_trains_every_task_exactly_once(tmp_path, staleness, stale_tokens):
     run = tmp_path / "run"
     flags = [
         "--model", "tiny-qwen3", "--group-size", "2", "--tasks-per-step", "2", "--max-new-tokens", "6",
         "--eval-episodes", "2", "--eval-every", "0", "--sft-steps", "0", "--no-progress", "--no-tensorboard",
         "--steps", "6", "--checkpoint-every", "2", "--max-staleness", str(staleness), "--run-dir", str(run),
-    ]  # fmt: skip
+    ] + (["--stale-tokens", stale_tokens] if staleness else [])  # fmt: skip
     cmd = [
         sys.executable,
         "-c",
