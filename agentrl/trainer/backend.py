@@ -28,6 +28,7 @@ import inspect
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -45,7 +46,14 @@ from agentrl.trainer.objective import rl_loss, sft_loss
 from agentrl.trainer.offpolicy import mismatch_stats
 from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys
 
-__all__ = ["FSDP2Backend", "TrainBackend", "ValueHead", "decoder_layers", "init_distributed"]
+__all__ = [
+    "FSDP2Backend",
+    "TrainBackend",
+    "ValueHead",
+    "decoder_layers",
+    "init_distributed",
+    "shutdown_distributed",
+]
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 
@@ -87,6 +95,30 @@ def init_distributed(timeout_s: float | None = None) -> tuple[int, int]:
             f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}: {e}"
         ) from e
     return dist.get_rank(), dist.get_world_size()
+
+
+GLOO_DRAIN_S = 0.25
+
+
+def shutdown_distributed(*, meet: bool) -> None:
+    """Leave the process group so that the rank's interpreter can exit cleanly.
+
+    ``meet=True`` (a run that ended normally) first waits for every rank at a barrier, so no
+    rank leaves while another still runs a collective. Then the group is destroyed and the
+    GIL released for :data:`GLOO_DRAIN_S`: a gloo worker thread drops its last reference to a
+    finished collective *after* the caller's ``wait()`` returns, and that drop takes the GIL
+    to release the tensors' Python objects. If the interpreter is already finalizing when the
+    thread gets the GIL, the thread is ended inside a C++ destructor and the rank dies with
+    SIGABRT ("terminate called without an active exception") after a run that succeeded;
+    measured at 1 exit in 10 under load on 2 CPU cores. ``destroy_process_group`` does not
+    join those threads while FSDP still references the group, so the pause is what drains them.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if meet:
+        dist.barrier()
+    dist.destroy_process_group()
+    time.sleep(GLOO_DRAIN_S)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

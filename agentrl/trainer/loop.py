@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from agentrl.errors import ConfigError
-from agentrl.trainer.backend import FSDP2Backend, init_distributed
+from agentrl.trainer.backend import FSDP2Backend, init_distributed, shutdown_distributed
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
@@ -103,6 +102,7 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
     :mod:`agentrl.trainer.distributed`); rank 0 prints, logs and writes the run directory.
     """
     run = _setup(cfg, console)
+    finished = False
     try:
         with run.progress:
             start = _warm_start_or_resume(run)
@@ -136,11 +136,13 @@ def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
                 }
                 _log_eval_checkpoint(run, step + 1, row, task, [int(g[0].group_id[1:]) for g in res.groups])
             _eval_end(run)
-        return _finish(run)
+        summary = _finish(run)
+        finished = True
+        return summary
     finally:
         run.close()
-        if run.rt.ranks.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        if run.rt.ranks.world > 1:
+            shutdown_distributed(meet=finished)
 
 
 def _replica_metrics(engine: Any, ranks: Ranks) -> dict[str, float]:

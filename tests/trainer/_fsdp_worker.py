@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _tiny import fixed_batch, tiny_model  # noqa: E402
 
-from agentrl.trainer.backend import FSDP2Backend, init_distributed  # noqa: E402
+from agentrl.trainer.backend import FSDP2Backend, init_distributed, shutdown_distributed  # noqa: E402
 from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def main(out: str, decoupled: bool = False) -> None:
     if rank == 0:
         save_file({k: v.contiguous() for k, v in sd.items()}, out)
         torch.save(stats, out + ".stats.pt")
-    torch.distributed.destroy_process_group()
+    shutdown_distributed(meet=True)
 
 
 if __name__ == "__main__":
