@@ -69,20 +69,27 @@ def url() -> Iterator[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["openenv", "auto"])
-def test_train_on_an_openenv_library_env(url: str, protocol: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("protocol", "staleness"), [("openenv", 0), ("auto", 0), ("openenv", 1)])
+def test_train_on_an_openenv_library_env(url: str, protocol: str, staleness: int, tmp_path: Path) -> None:
     SEEN.clear()
     run = tmp_path / "run"
     argv = ["train", "--env-url", url, "--env-protocol", protocol, "--model", "tiny", "--steps", "2",
             "--group-size", "4", "--tasks-per-step", "2", "--max-new-tokens", "8", "--eval-episodes", "2",
-            "--sft-steps", "0", "--lr", "0.01", "--no-progress", "--no-tensorboard", "--run-dir", str(run)]  # fmt: skip
+            "--sft-steps", "0", "--lr", "0.01", "--max-staleness", str(staleness),
+            "--no-progress", "--no-tensorboard", "--run-dir", str(run)]  # fmt: skip
     assert main(argv) == 0
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:  # every episode was played on the OpenEnv server and scored by it
         assert (r["rollout/episodes_ok"], r["rollout/episodes_infra_error"]) == (8.0, 0.0)
         assert r["rollout/reward"] > 0.0
-    assert len(SEEN) == 2 * 8 + 2 * 2  # the train steps' episodes and the two evals'
+    # continuous rollout: step 2 trained episodes played by the weights before step 1's update
+    assert [r["train/staleness_max"] for r in rows] == [0.0, float(staleness)]
+    trained = 2 * 8 + 2 * 2  # the train steps' episodes and the two evals'
+    if staleness == 0:
+        assert len(SEEN) == trained
+    else:  # plus the groups in flight when the run ended: at most (K + 1) steps' worth, cancelled
+        assert trained <= len(SEEN) <= trained + (staleness + 1) * 8
     deadline = time.monotonic() + 10
     while OPEN[0] and time.monotonic() < deadline:  # every episode closed its session
         time.sleep(0.05)
