@@ -19,7 +19,10 @@ Two engines:
   step costs ``a + b * n_active`` (``--step-s``, ``--per-request-s``), a GPU-like cost where the
   fixed latency dominates, so a half-empty batch wastes time the way it does on a GPU;
 - ``tiny`` (the real ``tiny`` model on the embedded ``HFEngine``): real decode on this CPU, whose
-  cost grows with the batch and hides part of the bubbles.
+  cost grows with the batch and hides part of the bubbles;
+- ``vllm`` (the real ``tiny`` model on a vLLM server, ``scripts/setup.sh --vllm``; not in the
+  default set, its server takes about a minute to start): continuous batching, each push a
+  reload from disk (pause, reload, version, resume) landing between decode steps.
 
 Run: ``python benchmarks/async_rollout.py`` (about 6 minutes on 2 cores; ``--quick`` for a smoke run).
 """
@@ -32,6 +35,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +103,17 @@ def _lags(res: RolloutResult, version: int) -> list[int]:
     ]
 
 
-def run_mode(
-    mode: Mode, engine: Any, weights: dict[str, Any], sessions: Any, args: argparse.Namespace
-) -> Outcome:
-    """``args.steps`` steps of rollout → simulated update → push ``weights`` (version + 1); step 0 warms up."""
+@dataclass
+class EngineUnderTest:
+    label: str
+    engine: Any
+    push: Callable[[int], Awaitable[int]]  # a weight update to this version (the engine's own weights)
+    close: Callable[[], None]
+
+
+def run_mode(mode: Mode, bench: EngineUnderTest, sessions: Any, args: argparse.Namespace) -> Outcome:
+    """``args.steps`` steps of rollout → simulated update → weight push (version + 1); step 0 warms up."""
+    engine = bench.engine
     rm = RolloutManager(
         lambda: TailEnv(args.env_latency), sessions, max_new_tokens=args.max_new_tokens, episode_timeout_s=600
     )
@@ -143,11 +154,7 @@ def run_mode(
                 if "rollout/stale_masked_frac" in res.metrics:
                     masked.append(res.metrics["rollout/stale_masked_frac"])
             time.sleep(args.update_s)  # the simulated update
-            loop.run(
-                engine.update_weights_from_state_dict(weights, version=engine.weight_version + 1),
-                timeout_s=60,
-                what="the weight push",
-            )
+            loop.run(bench.push(engine.weight_version + 1), timeout_s=120, what="the weight push")
         wall = time.perf_counter() - t_start
     finally:
         if service is not None:
@@ -166,9 +173,8 @@ def run_mode(
     )
 
 
-def _engines(args: argparse.Namespace, tokenizer: Any) -> list[tuple[str, Any, dict[str, Any]]]:
-    """``(label, engine, weights to push)``: the engine's own weights, so every push changes nothing."""
-    out: list[tuple[str, Any, dict[str, Any]]] = []
+def _engines(args: argparse.Namespace, tokenizer: Any) -> Iterator[EngineUnderTest]:
+    """Each engine in turn, pushing its own weights (every push changes nothing but the version)."""
     if "simulated" in args.engines:
         from agentrl.engines.simulated import LogNormalLengths, SimulatedEngine
 
@@ -179,12 +185,12 @@ def _engines(args: argparse.Namespace, tokenizer: Any) -> list[tuple[str, Any, d
             output_lengths=LogNormalLengths(median=12, p99=96),
             seed=0,
         )
-        out.append(
-            (
-                "simulated (a + b·n decode step; a simulation)",
-                sim,
-                {"logits": sim._model.logits.detach().clone()},
-            )
+        logits = {"logits": sim._model.logits.detach().clone()}
+        yield EngineUnderTest(
+            "simulated (a + b·n decode step; a simulation)",
+            sim,
+            lambda v: sim.update_weights_from_state_dict(logits, version=v),
+            sim.close,
         )
     if "tiny" in args.engines:
         from agentrl.engines.hf import HFEngine
@@ -192,19 +198,42 @@ def _engines(args: argparse.Namespace, tokenizer: Any) -> list[tuple[str, Any, d
 
         model = load_model("tiny")
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        out.append(
-            (
-                "tiny (real model, HFEngine on this CPU)",
-                HFEngine(model, seed=0, prefix_cache_bytes=0),
-                weights,
-            )
+        hf = HFEngine(model, seed=0, prefix_cache_bytes=0)
+        yield EngineUnderTest(
+            "tiny (real model, HFEngine on this CPU)",
+            hf,
+            lambda v: hf.update_weights_from_state_dict(weights, version=v),
+            hf.close,
         )
-    return out
+    if "vllm" in args.engines:
+        from agentrl.engines.launcher import launch_vllm_server
+        from agentrl.engines.vllm import VLLMEngine
+        from agentrl.models import resolve
+
+        path = resolve("tiny")
+        server = launch_vllm_server(path, startup_timeout_s=600)
+        try:
+            vllm = VLLMEngine(server.base_url, path, max_context=4096)
+
+            def close() -> None:
+                vllm.close()
+                server.stop()
+
+            yield EngineUnderTest(
+                "tiny (real model, a vLLM server on this CPU)",
+                vllm,
+                lambda v: vllm.update_weights_from_path(path, version=v),
+                close,
+            )
+        finally:
+            server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--engines", nargs="+", default=["simulated", "tiny"], choices=["simulated", "tiny"])
+    p.add_argument(
+        "--engines", nargs="+", default=["simulated", "tiny"], choices=["simulated", "tiny", "vllm"]
+    )
     p.add_argument("--steps", type=int, default=8, help="measured steps per mode (after one warm-up step)")
     p.add_argument("--tasks", type=int, default=8, help="groups per step")
     p.add_argument("--group", type=int, default=4, help="episodes per group")
@@ -238,11 +267,14 @@ def main(argv: list[str] | None = None) -> int:
         f" turns log-normal (median 2, p99 16), replies log-normal (median 12, p99 96 tokens),"
         f" env step {args.env_latency} s, simulated update {args.update_s} s\n"
     )
-    for name, engine, weights in _engines(args, tokenizer):
-        sessions = SessionManager(tokenizer, engine, model_name="tiny")
-        outcomes = [run_mode(mode, engine, weights, sessions, args) for mode in modes]
+    for bench in _engines(args, tokenizer):
+        sessions = SessionManager(tokenizer, bench.engine, model_name="tiny")
+        try:
+            outcomes = [run_mode(mode, bench, sessions, args) for mode in modes]
+        finally:
+            bench.close()
         base = outcomes[0].episodes_per_hour
-        print(f"## engine: {name}\n")
+        print(f"## engine: {bench.label}\n")
         print(
             "| mode | episodes/hour | × sync | data-wait share | wait/step (s) | staleness max"
             " | trained tokens by lag | tokens masked |"
@@ -256,7 +288,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'–' if o.masked_share is None else f'{o.masked_share:.1%}'} |"
             )
         print()
-        engine.close()
     return 0
 
 
