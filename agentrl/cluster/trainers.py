@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,16 +140,27 @@ def train_on_ray(cfg: Any, *, poll_s: float = 2.0, start_timeout_s: float = 120.
             a.train.remote(cfg, n, master, places[r], os.getcwd(), env, c.trainer_cpus)
             for r, a in enumerate(actors)
         ]
-        return _wait(refs, poll_s, run_dir)[0]
+        return _wait(refs, poll_s, run_dir, lambda: _stop(actors, refs))[0]
     finally:
-        for a in actors:
-            with contextlib.suppress(Exception):  # its engine actors die with their owner, their servers too
-                ray.kill(a, no_restart=True)
+        _stop(actors, [])
         if pg is not None:
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
         if started and ray.is_initialized():
             ray.shutdown()
+
+
+def _stop(actors: list[Any], refs: list[Any], timeout_s: float = 30.0) -> None:
+    """Kill every rank actor (its engine actors die with their owner, their servers too).
+
+    With ``refs``, wait up to ``timeout_s`` for their tasks to end, so that no rank still writes a
+    checkpoint once this returns."""
+    for a in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(a, no_restart=True)
+    if refs:
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
 
 
 def _resume_hint(run_dir: Path) -> str:
@@ -162,8 +174,11 @@ def _resume_hint(run_dir: Path) -> str:
     return f"continue with --resume {steps[-1]}"
 
 
-def _wait(refs: list[Any], poll_s: float, run_dir: Path) -> list[Any]:
-    """Every rank's result; the first rank to fail ends the wait with its error, naming the rank."""
+def _wait(refs: list[Any], poll_s: float, run_dir: Path, stop: Callable[[], None]) -> list[Any]:
+    """Every rank's result; the first rank to fail ends the wait with its error, naming the rank.
+
+    When a rank's actor died, ``stop`` ends the others before the resume hint is read: a rank that
+    was still writing a checkpoint would otherwise finish it after the hint named the one before."""
     rank_of = {ref: r for r, ref in enumerate(refs)}
     results: dict[int, Any] = {}
     pending = list(refs)
@@ -182,6 +197,7 @@ def _wait(refs: list[Any], poll_s: float, run_dir: Path) -> list[Any]:
                 raise ClusterError(f"trainer rank {r} failed: {type(cause).__name__}: {cause}") from None
             except ray.exceptions.RayError as err:  # its actor died: killed, out of memory, node lost
                 why = str(err).splitlines()[0].rstrip(".") if str(err) else ""
+                stop()
                 raise ClusterError(
                     f"trainer rank {r} (actor agentrl-trainer-{r}) died: {type(err).__name__}: {why}. "
                     f"The other ranks were stopped; {_resume_hint(run_dir)}"

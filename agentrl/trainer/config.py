@@ -56,6 +56,10 @@ def _fail(section: str, name: str, value: Any, why: str) -> None:
     raise ConfigError(f"{section}.{name}={value!r}: {why}")
 
 
+ENGINE_MAX_BATCH = 64
+"""the embedded engine's default running batch (``--engine-max-batch``)"""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model is trained and how it is placed."""
@@ -80,6 +84,8 @@ class ModelConfig:
     """interpreter of the vLLM environment; empty: $AGENTRL_VLLM_PYTHON, else .venv-vllm (scripts/setup.sh --vllm)"""
     engine_startup_s: float = 600.0
     """deadline for a started engine server to answer /health"""
+    engine_max_batch: int = ENGINE_MAX_BATCH
+    """most requests the embedded engine decodes in one step; 1 makes every sampled token and logprob independent of what else runs, so a run is bit-for-bit reproducible (slower rollout)"""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "auto"):
@@ -93,6 +99,8 @@ class ModelConfig:
             _fail("model", "engine_startup_s", self.engine_startup_s, "must be > 0")
         if self.threads < 0:
             _fail("model", "threads", self.threads, "must be >= 0")
+        if self.engine_max_batch < 1:
+            _fail("model", "engine_max_batch", self.engine_max_batch, "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -478,6 +486,10 @@ class TrainConfig:
                 "algo", "overlong_buffer", a.overlong_buffer, f"must be < max_new_tokens={r.max_new_tokens}"
             )
         remote_engine = r.session_url or self.model.engine != "hf" or self.cluster.ray
+        if remote_engine and self.model.engine_max_batch != ENGINE_MAX_BATCH:
+            _fail("model", "engine_max_batch", self.model.engine_max_batch, "sets the embedded engine of this "
+                  "process only (--engine hf, no --session-url or --ray); a server's engine has its own batch "
+                  "limit (`agentrl serve-engine --max-batch-size`)")  # fmt: skip
         if self.cluster.ray:
             for name, value, why in (
                 ("rollout.session_url", r.session_url, "the session server's own engine serves the episodes"),

@@ -291,7 +291,10 @@ def _local_sessions(
     from agentrl.models import load_model
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    engine = HFEngine(load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0)
+    engine = HFEngine(
+        load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0,
+        max_batch_size=cfg.model.engine_max_batch,
+    )  # fmt: skip
     return _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent)), engine
 
 

@@ -69,6 +69,11 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
     ("args", "needle"),
     [
         (["train", "--group-size", "1"], "rollout.group_size=1"),
+        (["train", "--engine-max-batch", "0"], "model.engine_max_batch=0: must be >= 1"),
+        (
+            ["train", "--engine", "vllm", "--engine-max-batch", "1"],
+            "sets the embedded engine of this process only",
+        ),
         (["train", "--num-minibatches", "3"], "algo.num_minibatches=3"),
         (["train", "--env", "nope"], "nope"),
         (
