@@ -300,7 +300,7 @@ SMALL = {
 
 
 VOWELS = f"{Path(__file__).with_name('_dense_env.py')}:VowelEnv"  # a dense reward: every step has a gradient
-REPRO = {**SMALL, "env": VOWELS, "group_size": 4, "tasks_per_step": 4, "max_new_tokens": 16, "sft_steps": 0,
+REPRO = {**SMALL, "env": VOWELS, "group_size": 4, "tasks_per_step": 4, "max_new_tokens": 16, "sft_steps": 2,
          "eval_every": 0, "lr": 1e-3, "steps": 3, "engine_max_batch": 1}  # fmt: skip
 TIMING = ("time", "rollout/seconds")
 
@@ -313,7 +313,7 @@ def _untimed(run: Path) -> list[dict]:
 
 
 def test_k0_is_the_synchronous_loop_bit_for_bit(tmp_path):
-    """Same seeds, ``--max-staleness 0`` and the default synchronous loop: the same metrics file, every
+    """Same seeds, ``--max-staleness 0`` and the default synchronous loop (warm start included): the same metrics file, every
     value to the last bit (the timings aside), and the same weights. ``--engine-max-batch 1`` makes each
     request's tokens and logprobs independent of what else decodes beside it; with the default batch
     the same run differs in float rounding (a row's matmul result depends on the batch's shape)."""
