@@ -107,6 +107,26 @@ def test_two_replicas_train_countdown_and_leave_nothing_behind(tmp_path: Path) -
     assert _gone_within(30) == []
 
 
+def test_async_rollout_on_ray_replicas_keeps_the_bound_and_trains_every_task_once(tmp_path: Path) -> None:
+    """Continuous rollout needs no change under --ray: groups play across the replicas while the
+    trainer updates, each pushed version reaches both, no trained token is past the bound."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [*CMD, *FLAGS, "--steps", "4", "--ray", "--engines", "2", "--max-staleness", "1", "--overprovision", "1",
+         "--run-dir", str(run)],
+        env=ENV, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = _rows(run)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["train/staleness_max"] <= 1 for r in steps)
+    assert all(r["rollout/episodes_ok"] >= 4 for r in steps)  # T groups, more when carried ones come due
+    assert steps[-1]["sync/version"] == 4 and steps[-1]["engines/serving"] == 2
+    tasks = [t for line in (run / "tasks.jsonl").read_text().splitlines() for t in json.loads(line)["tasks"]]
+    assert len(tasks) == len(set(tasks)) >= 8  # every trained task once
+    assert _gone_within(30) == []
+
+
 def test_a_replica_killed_mid_run_is_replaced_and_no_episode_is_scored_for_it(tmp_path: Path) -> None:
     """kill -9 of a replica's actor mid-run: the run goes on, a replacement serves at the current
     weights, no episode is scored for the failure; then Ctrl-C stops the run and leaves nothing."""
