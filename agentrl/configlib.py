@@ -36,7 +36,7 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from agentrl.errors import ConfigError
 
@@ -140,6 +140,11 @@ def coerce(section: str, name: str, tp: Any, value: Any) -> Any:
     if choices is not None and value not in choices:
         raise ConfigError(f"{where}={value!r}: choose one of {', '.join(map(repr, choices))}")
     return value
+
+
+def fail(section: str, name: str, value: Any, why: str) -> NoReturn:
+    """Raise the error for a bad field: ``section.name=value: why`` (the why says how to fix it)."""
+    raise ConfigError(f"{section}.{name}={value!r}: {why}")
 
 
 def unknown_key(key: str, known: list[str], where: str) -> ConfigError:

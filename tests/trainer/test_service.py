@@ -313,8 +313,8 @@ def _untimed(run: Path) -> list[dict]:
 
 
 def test_k0_is_the_synchronous_loop_bit_for_bit(tmp_path):
-    """Same seeds, ``--max-staleness 0`` and the default synchronous loop (warm start included): the same metrics file, every
-    value to the last bit (the timings aside), and the same weights. ``--engine-max-batch 1`` makes each
+    """Same seeds, ``--max-staleness 0`` and the default synchronous loop (warm start included): the
+    same metrics file, every value to the last bit (the timings aside), and the same weights. ``--engine-max-batch 1`` makes each
     request's tokens and logprobs independent of what else decodes beside it; with the default batch
     the same run differs in float rounding (a row's matmul result depends on the batch's shape)."""
     from safetensors.torch import load_file
