@@ -6,6 +6,10 @@ branch in its ``errors.py``::
 
     AgentRLError
     ├── ConfigError              bad option, flag or config file (fail fast, before heavy work)
+    ├── InfraError               marker: the infrastructure failed, not the model (a sandbox died,
+    │                            an env service is down); retried on a fresh env, never scored.
+    │                            ``EnvInfraError`` and the sandbox's ``SandboxLost``/``LeaseExpired``
+    │                            derive from it, so the sandbox never imports ``agentrl.envs``
     ├── ServerStartError         (RuntimeError) an in-process server (``BackgroundServer``) did not start
     ├── TrajectoryError          (ValueError) an update to a Trajectory breaks its invariants
     ├── LoopError                (RuntimeError) the run's event loop (agentrl.eventloop): closed,
@@ -13,7 +17,7 @@ branch in its ``errors.py``::
     │   └── LoopTimeoutError     (TimeoutError) a coroutine run on it missed its deadline
     ├── ModelError               (agentrl.models) unknown model name, corrupt cache, failed build
     ├── EnvError                 (agentrl.envs) registry, contract and env-server failures
-    ├── SandboxError             (agentrl.envs.sandbox) backend unavailable, limits, bad input
+    ├── SandboxError             (agentrl.sandbox) backend unavailable, limits, bad input
     ├── EngineError              (agentrl.engines) bad request, engine failure, deadline
     ├── SessionError             (agentrl.session) template, divergence, unknown session
     └── TrainerError             (agentrl.trainer) rollout, backend, checkpoint failures
@@ -30,6 +34,7 @@ from __future__ import annotations
 __all__ = [
     "AgentRLError",
     "ConfigError",
+    "InfraError",
     "LoopError",
     "LoopTimeoutError",
     "ServerStartError",
@@ -43,6 +48,17 @@ class AgentRLError(Exception):
 
 class ConfigError(AgentRLError, ValueError):
     """An option, flag or config file is invalid; raised before any heavy work starts."""
+
+
+class InfraError(AgentRLError):
+    """The infrastructure failed, not the model: a sandbox died, a service an env calls is down.
+
+    A marker shared by the packages that run things for an episode (``agentrl.envs``'
+    :class:`~agentrl.envs.errors.EnvInfraError`, ``agentrl.sandbox``'s ``SandboxLost`` and
+    ``LeaseExpired``). Raised inside an env step (a ``@tool`` included), it aborts the episode
+    instead of answering the model; the trainer retries the episode on a fresh env with the same
+    seed and counts it, never scoring it as reward 0. Catch this class for "any infrastructure failure".
+    """
 
 
 class ServerStartError(AgentRLError, RuntimeError):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl.envs.sandbox import SandboxPool, SandboxUnavailable, make_backend  # noqa: E402
+from agentrl.sandbox import SandboxPool, SandboxUnavailable, make_backend  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -116,7 +116,7 @@ def churn(name: str, n: int) -> tuple[list[float], float]:
 
 
 def parallel(n: int, name: str) -> None:
-    from agentrl.envs.sandbox import Limits
+    from agentrl.sandbox import Limits
 
     backend = make_backend(name, Limits(memory="64m", pids=16, timeout=120))
     t = time.perf_counter()

@@ -13,7 +13,7 @@ force=0
 if [[ "${1:-}" == "--force" ]]; then force=1; shift; fi
 tag="${1:-agentrl-sandbox:latest}"
 py="$(readlink -f /usr/bin/python3)"
-sha="$(sha256sum agentrl/envs/sandbox/executor.py | cut -c1-16)"
+sha="$(sha256sum agentrl/sandbox/executor.py | cut -c1-16)"
 
 if [[ $force == 0 ]] && [[ "$(docker image inspect -f '{{index .Config.Labels "agentrl.executor"}}' "$tag" 2>/dev/null)" == "$sha" ]]; then
     echo "image $tag is up to date (executor $sha)"
@@ -51,10 +51,10 @@ for applet in $(/bin/busybox --list); do
 done
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/work:/bin/sh\n' > "$root/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$root/etc/group"
-install -m 0444 agentrl/envs/sandbox/executor.py "$root/opt/agentrl/executor.py"
+install -m 0444 agentrl/sandbox/executor.py "$root/opt/agentrl/executor.py"
 # Precompiled by the image's own interpreter: a start-up skips ~20 ms of compiling.
 "$py" -I -S -c 'import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)' \
-    agentrl/envs/sandbox/executor.py "$root/opt/agentrl/executor.pyc"
+    agentrl/sandbox/executor.py "$root/opt/agentrl/executor.pyc"
 chmod 0444 "$root/opt/agentrl/executor.pyc"
 
 tar -C "$root" --numeric-owner -cf - . | docker import \

@@ -20,9 +20,9 @@ import agentrl
 import agentrl.envs as envs
 from agentrl.engines import errors as engine_errors
 from agentrl.envs import errors as env_errors
-from agentrl.envs.sandbox import errors as sandbox_errors
 from agentrl.errors import AgentRLError
 from agentrl.models import errors as model_errors
+from agentrl.sandbox import errors as sandbox_errors
 from agentrl.session import errors as session_errors
 from agentrl.trainer import errors as trainer_errors
 
@@ -35,7 +35,7 @@ BUILTIN_EXCEPTIONS = frozenset(
 EXCLUDED_FILES = {
     # A standalone, stdlib-only program run inside the sandbox; it cannot import agentrl, and
     # what it raises is turned into an ExecResult or a protocol reply, never seen by a caller.
-    "envs/sandbox/executor.py",
+    "sandbox/executor.py",
 }
 
 # Exceptions allowed anywhere, with the reason.
@@ -65,13 +65,13 @@ ALLOWED_IN_FUNCTION = {
     ("session/__init__.py", "__getattr__", "AttributeError"),
     # Internal signals while reading the executor's reply: _request and _parse_result catch
     # them at once and raise SandboxLost naming them ("malformed result (TypeError: ...)").
-    ("envs/sandbox/base.py", "recv_line", "TimeoutError"),
-    ("envs/sandbox/base.py", "_request", "ValueError"),
-    ("envs/sandbox/protocol.py", "_b64_capped", "ValueError"),
-    ("envs/sandbox/protocol.py", "_int_or_none", "TypeError"),
-    ("envs/sandbox/protocol.py", "_seconds", "TypeError"),
-    ("envs/sandbox/protocol.py", "parse_reply", "ValueError"),
-    ("envs/sandbox/protocol.py", "parse_reply", "TypeError"),
+    ("sandbox/base.py", "recv_line", "TimeoutError"),
+    ("sandbox/base.py", "_request", "ValueError"),
+    ("sandbox/protocol.py", "_b64_capped", "ValueError"),
+    ("sandbox/protocol.py", "_int_or_none", "TypeError"),
+    ("sandbox/protocol.py", "_seconds", "TypeError"),
+    ("sandbox/protocol.py", "parse_reply", "ValueError"),
+    ("sandbox/protocol.py", "parse_reply", "TypeError"),
 }
 
 # pydantic turns only ValueError / AssertionError raised in a validator into a ValidationError

@@ -11,10 +11,12 @@ Public API::
     RemoteEnv                                   # an episode on an env server, used like a local Env
     OpenEnvRemoteEnv                            # an episode on an OpenEnv env server, used the same way
 
-The server itself lives in ``agentrl.envs.server`` (imported on demand: FastAPI).
+The env server lives in ``agentrl.envs.server`` (imported on demand: FastAPI), its clients in
+``agentrl.envs.remote``.
 
-Importing this package loads the shipped environments (``environments.*``) and
-entry-point plugins, and registers each id in gymnasium as ``agentrl/<id>``.
+Importing this package registers nothing: the shipped environments (``environments.*``) and
+entry-point plugins load on the registry's first use (``make``, ``spec``, ``list_envs``, or
+``load_plugins()``), which also registers each id in gymnasium as ``agentrl/<id>``.
 """
 
 from __future__ import annotations
@@ -44,8 +46,17 @@ from agentrl.envs.errors import (
 )
 from agentrl.envs.gym_bridge import GymnasiumTextEnv
 from agentrl.envs.mcp_tools import MCPServer
-from agentrl.envs.references import import_modules, resolve_env
-from agentrl.envs.registry import EnvSpec, list_envs, load_errors, load_plugins, make, register, spec
+from agentrl.envs.registry import (
+    EnvSpec,
+    import_modules,
+    list_envs,
+    load_errors,
+    load_plugins,
+    make,
+    register,
+    resolve_env,
+    spec,
+)
 from agentrl.envs.rubric import Rubric
 from agentrl.envs.tools import Tool, ToolEnv, tool, tool_spec
 
@@ -96,15 +107,15 @@ __all__ = [
 
 if TYPE_CHECKING:
     from agentrl.envs.checker import CheckReport, check_env
-    from agentrl.envs.client import RemoteEnv
-    from agentrl.envs.openenv_client import OpenEnvRemoteEnv
+    from agentrl.envs.remote.client import RemoteEnv
+    from agentrl.envs.remote.openenv import OpenEnvRemoteEnv
 
 # Imported on first use: they pull in jsonschema and httpx, which `agentrl --help` does not need.
 _LAZY = {
     "CheckReport": "agentrl.envs.checker",
     "check_env": "agentrl.envs.checker",
-    "RemoteEnv": "agentrl.envs.client",
-    "OpenEnvRemoteEnv": "agentrl.envs.openenv_client",
+    "RemoteEnv": "agentrl.envs.remote.client",
+    "OpenEnvRemoteEnv": "agentrl.envs.remote.openenv",
 }
 
 
@@ -116,6 +127,3 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'agentrl.envs' has no attribute {name!r}")
-
-
-load_plugins()

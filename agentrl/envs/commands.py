@@ -46,7 +46,7 @@ def _check_env(args: argparse.Namespace) -> int:
 def _serve_env(args: argparse.Namespace) -> int:
     from agentrl.envs import import_modules
     from agentrl.envs.server import serve
-    from agentrl.envs.server_config import ServerConfig
+    from agentrl.envs.server.config import ServerConfig
 
     import_modules(args.imports)
     config = ServerConfig(
@@ -64,7 +64,7 @@ def _serve_env(args: argparse.Namespace) -> int:
 
 
 def _env_build(args: argparse.Namespace) -> int:
-    from agentrl.envs.images import build_env_image
+    from agentrl.envs.server.images import build_env_image
 
     build_env_image(args.env, tag=args.tag, imports=args.imports)
     return 0
@@ -118,7 +118,7 @@ def _add_check_env(sub: Any) -> None:
 
 
 def _add_serve_env(sub: Any) -> None:
-    from agentrl.envs.server_config import PROTOCOLS, ServerConfig
+    from agentrl.envs.server.config import PROTOCOLS, ServerConfig
 
     d = ServerConfig(env_ids=["x"])  # the defaults, shown in --help
     p = sub.add_parser("serve-env", help="serve environments over HTTP (FastAPI + uvicorn)")

@@ -15,7 +15,7 @@
         ├── EpisodeDoneError (RuntimeError)  ``step`` after the episode terminated or was truncated
         ├── InvalidActionError (ValueError)  the action is not an assistant ``Message``
         ├── ToolError                        raised inside a ``@tool`` to send an error message to the model
-        ├── EnvInfraError                    the env's own infrastructure failed (a sandbox died, a backing
+        ├── EnvInfraError (InfraError)       the env's own infrastructure failed (a sandbox died, a backing
         │                                    service is down): aborts the episode, never shown to the model
         ├── EnvCheckError (AssertionError)   ``check_env`` found a violation (message names check, cause, fix)
         └── RemoteEnvError                   the env server client failed
@@ -32,7 +32,7 @@ for callers and env authors.
 
 from __future__ import annotations
 
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, InfraError
 
 __all__ = [
     "EnvCheckError",
@@ -98,13 +98,14 @@ class InvalidActionError(EnvError, ValueError):
     """The action passed to ``step`` is not an assistant message."""
 
 
-class EnvInfraError(EnvError):
+class EnvInfraError(EnvError, InfraError):
     """The environment's own infrastructure failed, not the model: a sandbox died, a service it calls is down.
 
     Raised from a ``@tool`` (or ``reset``/``step``), it propagates out of ``step`` instead of
     becoming a tool message, so the episode is aborted, never scored, and a trainer retries it on
-    a fresh env with the same seed. Sandbox failures (``SandboxLost``, ``LeaseExpired``) are
-    ``EnvInfraError`` too, so a tool that runs code in a sandbox gets this for free.
+    a fresh env with the same seed. It is an :class:`agentrl.errors.InfraError`, the marker the
+    sandbox's failures (``SandboxLost``, ``LeaseExpired``) carry too: a tool that runs code in a
+    sandbox gets the same treatment for free, and ``except InfraError`` catches both.
     """
 
 

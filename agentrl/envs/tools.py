@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
 import pydantic
 
 from agentrl.envs.core import Env, StepResult
-from agentrl.envs.errors import EnvInfraError, RegistrationError, ToolError
+from agentrl.envs.errors import RegistrationError, ToolError
 from agentrl.envs.rubric import Rubric
+from agentrl.errors import InfraError
 from agentrl.types import FunctionSpec, Message, ToolCall, ToolSpec
 
 if TYPE_CHECKING:
@@ -155,9 +156,9 @@ class ToolEnv(Env):
 
     Subclasses implement ``_reset``, ``answer`` (score the final message) and
     ``oracle_action``; tools may raise :class:`ToolError` to send an error to the
-    model, raise :class:`EnvInfraError` when the env's own infrastructure failed
-    (it propagates out of ``step``: the episode is aborted and retried, never
-    scored), and may call :meth:`finish` to end the episode with a reward. Any
+    model, raise :class:`EnvInfraError` (or any :class:`~agentrl.errors.InfraError`)
+    when the env's own infrastructure failed (it propagates out of ``step``: the
+    episode is aborted and retried, never scored), and may call :meth:`finish` to end the episode with a reward. Any
     other exception in a tool is reported to the model as an error. Per
     episode, ``info`` carries ``tool_calls`` and ``tool_errors`` counts.
 
@@ -275,7 +276,7 @@ class ToolEnv(Env):
         except ToolError as e:
             self.tool_errors += 1
             content = f"error: {e}"
-        except EnvInfraError:
+        except InfraError:
             raise  # not the model's doing: abort the episode
         except Exception as e:  # a tool that crashes answers the model; the episode goes on
             self.tool_errors += 1

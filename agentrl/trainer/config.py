@@ -518,7 +518,7 @@ def _find_env(values: dict[str, dict[str, Any]]) -> EnvSpec | None:
     """
     from agentrl.envs import spec
     from agentrl.envs.errors import UnknownEnvError
-    from agentrl.envs.references import import_modules, is_reference
+    from agentrl.envs.registry import import_modules, is_reference
 
     rollout = values["rollout"]
     imports = rollout.get("imports", [])

@@ -134,7 +134,7 @@ def _env_protocol(url: str, protocol: str) -> str:
     if protocol != "auto":
         return protocol
     from agentrl.envs.errors import RemoteEnvError
-    from agentrl.envs.openenv_client import detect_protocol
+    from agentrl.envs.remote.openenv import detect_protocol
 
     try:
         return detect_protocol(url)
@@ -150,7 +150,7 @@ def make_env_factory(cfg: TrainConfig) -> Callable[[], Env]:
     """
     r = cfg.rollout
     if r.env_url and _env_protocol(r.env_url, r.env_protocol) == "openenv":
-        from agentrl.envs.openenv_client import OpenEnvRemoteEnv, discover
+        from agentrl.envs.remote.openenv import OpenEnvRemoteEnv, discover
 
         server = discover(r.env_url)  # an unreachable or foreign server fails here, before the model loads
 

@@ -2,7 +2,7 @@
 
 Each task is generated (``tasks.py``) with an exact answer computed on the host. The model
 calls ``run_python(code)`` any number of times within ``max_turns``; the code runs in a
-sandbox (``agentrl.envs.sandbox``; the bubblewrap ``process`` backend by default, ``docker``
+sandbox (``agentrl.sandbox``; the bubblewrap ``process`` backend by default, ``docker``
 on request) with one persistent interpreter per episode, so variables survive between calls.
 It then answers with a message without tool calls holding ``<answer>...</answer>``.
 
@@ -16,7 +16,7 @@ Whatever the model's code does to its sandbox (floods, OOM, killing or wedging w
 reach) comes back to the model as a tool result with its reason, and the episode is scored as
 usual: the sandbox layer replaces a sandbox the code brought down. Only when the host has
 evidence that the infrastructure failed (``sandbox_lost``, or no sandbox can be started) does
-``step`` raise :class:`~agentrl.envs.sandbox.SandboxLost` instead of answering the model: the
+``step`` raise :class:`~agentrl.sandbox.SandboxLost` instead of answering the model: the
 episode's interpreter state is gone through no fault of the model, so the episode must not be
 scored. The trainer's rollout retries such an episode on a fresh env with the same seed.
 """
@@ -31,7 +31,7 @@ import weakref
 from typing import Any
 
 from agentrl.envs import StepResult, ToolEnv, ToolError, tool
-from agentrl.envs.sandbox import (
+from agentrl.sandbox import (
     ExecResult,
     Limits,
     Sandbox,

@@ -19,7 +19,7 @@ from agentrl.envs import (
     spec,
 )
 from agentrl.envs.server import create_app
-from agentrl.envs.server_config import ServerConfig
+from agentrl.envs.server.config import ServerConfig
 from agentrl.httpkit import BackgroundServer
 
 ROOT = Path(__file__).resolve().parents[2]
