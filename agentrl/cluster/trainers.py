@@ -13,7 +13,8 @@ engine replica ``j`` is the actor ``agentrl-engine-<j>`` in bundle ``N + j``, ow
 data-parallel over a ``torch.distributed`` group (gloo on CPU, NCCL when the ranks have GPUs)
 exactly as under ``torchrun`` (:mod:`agentrl.trainer.distributed`). Rank 0 writes each update's
 checkpoint once; every rank's replicas reload it (``--weight-sync disk``), so the run directory
-must be on a file system every node shares (one machine, or a shared mount).
+must be on a file system every node shares (one machine, or a shared mount). Each rank writes
+its process id to ``RUN_DIR/ranks/rank-<r>.pid`` before it starts training.
 
 Faults: the driver waits on the ranks and checks them every ``poll_s``. A rank that raises ends
 the run with its error; a rank whose actor dies (``kill -9``, a lost node) ends it with a
@@ -86,8 +87,15 @@ class TrainerActor:
         if Path(cwd).is_dir():  # relative paths in the config (an env file, a resume dir) mean the driver's
             os.chdir(cwd)
         torch.set_num_threads(max(1, int(cpus)))
+        _write_pid(Path(cfg.run.run_dir), self.rank)
         trainers._ASSIGNED = share
         return dataclasses.asdict(train(cfg))
+
+
+def _write_pid(run_dir: Path, rank: int) -> None:
+    """``RUN_DIR/ranks/rank-<r>.pid``: this rank's process id (on its node), to attach a debugger to."""
+    (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    (run_dir / "ranks" / f"rank-{rank}.pid").write_text(f"{os.getpid()}\n")
 
 
 def _shares(trainers: int, engines: int, envs: int, pg: Any) -> list[Share]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -67,6 +66,18 @@ def _gone_within(seconds: float) -> list[str]:
     return _ours()
 
 
+def _rank_pid(run: Path, rank: int, seconds: float) -> str:
+    """Trainer rank ``rank``'s process id, as the rank wrote it to ``RUN_DIR/ranks/rank-<r>.pid``."""
+    path = run / "ranks" / f"rank-{rank}.pid"
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            if (text := path.read_text()).endswith("\n"):  # else still being written
+                return text.strip()
+        time.sleep(0.2)
+    pytest.fail(f"trainer rank {rank} wrote no process id to {path} within {seconds:g} s")
+
+
 def test_two_trainer_ranks_and_two_replicas_train_countdown(tmp_path: Path) -> None:
     run = tmp_path / "run"
     out = subprocess.run(
@@ -82,6 +93,7 @@ def test_two_trainer_ranks_and_two_replicas_train_countdown(tmp_path: Path) -> N
     assert steps[-1]["engines/live"] == 2 and steps[-1]["engines/serving"] == 2  # summed over the ranks
     assert (run / "engine-0.log").exists() and (run / "engine-1.log").exists()
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["v2", "v3"]  # rank 0 writes, keeps 2
+    assert sorted(p.name for p in (run / "ranks").iterdir()) == ["rank-0.pid", "rank-1.pid"]
     assert _gone_within(30) == []
 
 
@@ -97,10 +109,9 @@ def test_a_killed_rank_ends_the_run_naming_it_and_resume_continues(tmp_path: Pat
         while time.monotonic() < deadline and proc.poll() is None and len(_rows(run)) < 2:
             time.sleep(0.2)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        rank0 = re.search(r"TrainerActor pid=(\d+)\)\S* agentrl train", log.read_text())
-        assert rank0, log.read_text()[-2000:]
+        rank0 = _rank_pid(run, 0, 60)
         ranks = [line.split()[0] for line in _ours(("ray::TrainerActor",))]
-        others = [pid for pid in ranks if pid != rank0.group(1)]
+        others = [pid for pid in ranks if pid != rank0]
         assert len(ranks) == 2 and len(others) == 1, ranks
         os.kill(int(others[0]), signal.SIGKILL)  # trainer rank 1, kill -9
         t0 = time.monotonic()
