@@ -9,8 +9,10 @@ scripts/system-deps.sh
 # vLLM's own environment (.venv-vllm): the real-vLLM tests (marker `vllm`) need it, and fail rather than skip here.
 scripts/setup.sh --dev --vllm
 export AGENTRL_REQUIRE_VLLM="${AGENTRL_REQUIRE_VLLM:-1}"
-# Gates before the tests (seconds; any finding fails the run): lint, formatting, types.
+# Gates before the tests (seconds; any finding fails the run): lint, formatting, types, and the
+# architecture's import contracts ([tool.importlinter] in pyproject.toml).
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest "$@"
