@@ -47,7 +47,7 @@ def test_wheel_install_finds_the_executor_without_the_source_tree(tmp_path):
         [sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == str(site / "agentrl" / "envs" / "sandbox" / "executor.py")
+    assert out.stdout.strip() == str(site / "agentrl" / "sandbox" / "executor.py")
     assert (site / "agentrl/sandbox/executor.py").read_bytes() == (
         ROOT / "agentrl/sandbox/executor.py"
     ).read_bytes()
