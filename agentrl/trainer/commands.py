@@ -39,7 +39,7 @@ def _sft(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from agentrl.trainer.backend import FSDP2Backend
+    from agentrl.trainer.algorithm import make_backend
     from agentrl.trainer.loop import progress_bar
     from agentrl.trainer.metrics import MetricsLogger
     from agentrl.trainer.runtime import build_runtime, evaluate, seed_everything, start_run_dir
@@ -58,7 +58,7 @@ def _sft(args: argparse.Namespace) -> int:
         try:
             before = evaluate(rt)
             with progress_bar(console, enabled=cfg.run.progress) as progress:
-                be = FSDP2Backend(rt.policy, cfg.algo, cfg.optim, device=rt.device)
+                be = make_backend(rt.policy, cfg.algo, cfg.optim, device=rt.device)
                 stats = warm_start(rt, be, sync, log, progress)
             after = evaluate(rt)
         finally:

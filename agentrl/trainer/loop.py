@@ -8,7 +8,7 @@
     _eval_start(run)                       # greedy held-out seeds: the "start of RL" number
     for step in range(start, steps):
         res   = rollout(step)              # tasks_per_step seeds × group_size episodes, whole groups
-        stats = update.train_step(...)     # rewards → advantages → backend.train_step
+        stats = train_step(...)            # rewards → advantages → backend.train_step (algorithm.py)
         sync  = run.sync.push(weights)     # engine version += 1
         _log_eval_checkpoint(run, ...)     # metrics row, eval every N, checkpoint every N
     _finish(run)                           # final eval, HF directory, plot, summary table
@@ -36,9 +36,10 @@ from typing import Any
 import torch
 
 from agentrl.errors import ConfigError
-from agentrl.trainer.backend import FSDP2Backend, init_distributed, shutdown_distributed
+from agentrl.trainer.algorithm import RLObjective, train_step
+from agentrl.trainer.backend import FSDP2Backend
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
-from agentrl.trainer.distributed import Ranks
+from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
 from agentrl.trainer.rollout import RolloutResult, merge_results
 from agentrl.trainer.runtime import (
@@ -50,7 +51,6 @@ from agentrl.trainer.runtime import (
 )
 from agentrl.trainer.service import RolloutService
 from agentrl.trainer.sft import warm_start
-from agentrl.trainer.update import train_step
 from agentrl.trainer.weight_sync import WeightSync, make_sync
 
 __all__ = ["RunSummary", "progress_bar", "train"]
@@ -204,6 +204,7 @@ def _setup(cfg: TrainConfig, console: Any) -> _Run:
         rt.policy,
         cfg.algo,
         cfg.optim,
+        objective=RLObjective(cfg.algo),
         device=rt.device,
         value_head=cfg.algo.algo == "ppo",
         activation_checkpointing=cfg.model.activation_checkpointing,
