@@ -44,6 +44,7 @@ from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
 from agentrl.trainer.rollout import RolloutResult, merge_results
 from agentrl.trainer.runtime import (
     Runtime,
+    StartParts,
     build_runtime,
     evaluate,
     seed_everything,
@@ -95,13 +96,14 @@ class _Run:
             self.rt.close()
 
 
-def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
+def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | None = None) -> RunSummary:
     """Run `agentrl train` with a resolved config; see the module docstring.
 
     Under ``torchrun`` (``WORLD_SIZE > 1``) the ranks train data-parallel (see
     :mod:`agentrl.trainer.distributed`); rank 0 prints, logs and writes the run directory.
+    With ``cluster.ray``, ``start_parts`` (the cluster's) starts this process's engine replicas.
     """
-    run = _setup(cfg, console)
+    run = _setup(cfg, console, start_parts)
     finished = False
     try:
         with run.progress:
@@ -177,7 +179,7 @@ def _env_server_metrics(server: Any, ranks: Ranks) -> dict[str, float]:
 # ---------------------------------------------------------------- setup
 
 
-def _setup(cfg: TrainConfig, console: Any) -> _Run:
+def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None) -> _Run:
     """Join the ranks, make the run directory, build the runtime, the backend and the weight sync."""
     from rich.console import Console
 
@@ -193,7 +195,7 @@ def _setup(cfg: TrainConfig, console: Any) -> _Run:
     for note in advisories(cfg):
         console.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     seed_everything(cfg.run.seed)
-    rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir)
+    rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir, start_parts=start_parts)
     try:
         # checked here, before any training: the engine must serve the configured transport
         sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, ranks=ranks)
