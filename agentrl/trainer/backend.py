@@ -92,6 +92,8 @@ def _lr_lambda(warmup: int) -> Callable[[int], float]:
 class FSDP2Backend:
     """Trains an HF causal LM on the losses of the ``objective`` it is handed.
 
+    ``algo`` sets the update's schedule (epochs, mini-batches) and whether the entropy carries a
+    gradient (``entropy_coef > 0``); the loss itself is the ``objective``'s.
     ``value_head=True`` adds a :class:`ValueHead` (PPO). ``ref_model`` (frozen)
     enables the KL penalty. ``optimizer_factory`` defaults to AdamW. ``share_prompts``
     runs the forward of a prompt that several rows of a micro-batch share (a GRPO group)
