@@ -132,9 +132,7 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
     out.update(info)
     out["train/samples"] = float(len(trajs))
     out["train/tokens"] = ranks.all_sum([float(batch.loss_mask.sum())])[0]
-    if (
-        versions
-    ):  # policy versions behind the weights being updated (= the engine's, synced after every update)
+    if versions:  # policy versions behind the weights being updated (the engine's, synced after every update)
         now = rt.engine.weight_version
         out["train/staleness_max"] = float(now - min(versions))
         out["train/staleness_mean"] = float(now - sum(versions) / len(versions))
