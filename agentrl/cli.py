@@ -1,7 +1,8 @@
 """The ``agentrl`` command line.
 
 One entry point; each subpackage contributes its subcommands through a
-``commands.py`` module with ``register(subparsers)``. Handlers import heavy
+``commands.py`` module with ``register(subparsers)`` (the trainer's is handed the cluster's
+Ray launchers here, so that ``agentrl.trainer`` never imports ``agentrl.cluster``). Handlers import heavy
 libraries lazily so ``agentrl --help`` stays fast. Unknown subcommands and flags
 exit with code 2 and a message (argparse's convention); an :class:`AgentRLError`
 raised by a handler is printed without a traceback and exits with code 1.
@@ -13,6 +14,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from agentrl import __version__
 from agentrl.errors import AgentRLError
@@ -48,8 +50,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("version", help="print the agentrl version")
     p.set_defaults(func=_version)
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        module = importlib.import_module(name)
+        if name == "agentrl.trainer.commands":  # handed the cluster's parts: the trainer never imports it
+            module.register(sub, start_parts=_start_parts, train_on_ray=_train_on_ray)
+        else:
+            module.register(sub)
     return parser
+
+
+def _start_parts(*args: Any, **kwargs: Any) -> Any:
+    """``--ray``: this process's engine replicas and env servers (:func:`agentrl.cluster.parts.start_parts`)."""
+    from agentrl.cluster.parts import start_parts
+
+    return start_parts(*args, **kwargs)
+
+
+def _train_on_ray(cfg: Any) -> Any:
+    """``--ray --trainers N``: N rank actors (:func:`agentrl.cluster.trainers.train_on_ray`)."""
+    from agentrl.cluster.trainers import train_on_ray
+
+    return train_on_ray(cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

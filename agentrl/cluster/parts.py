@@ -3,13 +3,16 @@
 ::
 
     parts = RayParts.start(cfg, model_dir, run_dir, share=None)   # reserves: engines + env servers
+    train(cfg, start_parts=start_parts)                           # the trainer starts its parts with it
     parts.engine          # a ReplicaEngine over the replicas
     parts.env_factory     # RemoteEnvs on the env servers (None without --env-servers)
     parts.stop()
 
 With one trainer (the driver trains) this reserves one placement group: ``--engines`` engine
 bundles, then ``--env-servers`` env bundles. In a trainer rank's actor (``--trainers N``) the
-driver has reserved everything and ``share`` says which bundles are this rank's.
+driver has reserved everything and ``share`` says which bundles are this rank's. The trainer is
+handed :func:`start_parts` (``functools.partial(start_parts, share=share)`` in a rank's actor);
+it never imports this package.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import remove_placement_group
@@ -27,8 +30,12 @@ from agentrl.cluster.engines import Placement, RayEngines
 from agentrl.cluster.envs import RayEnvServers
 from agentrl.cluster.placement import connect, reserve
 from agentrl.envs import Env
+from agentrl.errors import ConfigError
 
-__all__ = ["RayParts", "Share"]
+if TYPE_CHECKING:
+    from agentrl.trainer.distributed import Ranks
+
+__all__ = ["RayParts", "Share", "start_parts"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +123,18 @@ class RayParts:
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False
+
+
+def start_parts(
+    cfg: Any, model: str, run_dir: Path | None, ranks: Ranks, *, share: Share | None = None
+) -> RayParts:
+    """The trainer's ``start_parts`` (:data:`agentrl.trainer.runtime.StartParts`): this process's
+    engine replicas and env servers; ``share`` the bundles the driver reserved for a rank's actor."""
+    if ranks.world > 1 and share is None:
+        raise ConfigError(
+            "cluster.ray=True under torchrun: with --ray the trainer ranks are Ray actors; run "
+            f"`agentrl train --ray --trainers {ranks.world}` without torchrun"
+        )
+    from agentrl.engines.launcher import local_model_dir
+
+    return RayParts.start(cfg, local_model_dir(model), run_dir, share)

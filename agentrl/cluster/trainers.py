@@ -46,17 +46,11 @@ from agentrl.cluster.parts import Share, bundles
 from agentrl.cluster.placement import NAMESPACE, ClusterError, connect, get_within, node_address, reserve
 from agentrl.errors import AgentRLError
 
-__all__ = ["TrainerActor", "assigned", "train_on_ray"]
+__all__ = ["TrainerActor", "train_on_ray"]
 
 log = logging.getLogger(__name__)
 
-_ASSIGNED: Share | None = None
 _PASSED_ENV = ("AGENTRL_", "HF_", "TRANSFORMERS_", "OMP_NUM_THREADS")
-
-
-def assigned() -> Share | None:
-    """In a trainer rank's actor: the engine replicas and env servers this rank owns (None anywhere else)."""
-    return _ASSIGNED
 
 
 @ray.remote(max_restarts=0)
@@ -74,9 +68,11 @@ class TrainerActor:
 
     def train(self, cfg: Any, world: int, master: tuple[str, int], share: Share, cwd: str,
               env: dict[str, str], cpus: float) -> dict[str, Any]:  # fmt: skip
+        import functools
+
         import torch
 
-        from agentrl.cluster import trainers  # this module as imported here (Ray ships the class by value)
+        from agentrl.cluster.parts import start_parts
         from agentrl.trainer.loop import train
 
         os.environ.update(env)
@@ -88,8 +84,7 @@ class TrainerActor:
             os.chdir(cwd)
         torch.set_num_threads(max(1, int(cpus)))
         _write_pid(Path(cfg.run.run_dir), self.rank)
-        trainers._ASSIGNED = share
-        return dataclasses.asdict(train(cfg))
+        return dataclasses.asdict(train(cfg, start_parts=functools.partial(start_parts, share=share)))
 
 
 def _write_pid(run_dir: Path, rank: int) -> None:

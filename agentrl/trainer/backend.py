@@ -17,20 +17,18 @@ and multiplied by the world size to undo FSDP's gradient averaging, so N ranks
 with micro-batches compute the same gradient as one rank with the whole batch.
 Ranks with fewer micro-batches run empty ones so collectives stay matched.
 
-This module holds the protocol, the process-group setup and the FSDP2 wrapper (sharding,
-micro-batching, optimizer, checkpoints); how a micro-batch is scored is
-:mod:`agentrl.trainer.forward`, and the loss on those scores :mod:`agentrl.trainer.objective`.
+This module holds the protocols and the FSDP2 wrapper (sharding, micro-batching, optimizer).
+How a micro-batch is scored is :mod:`agentrl.trainer.forward`; the loss on those scores is
+handed in at construction (an :class:`Objective`: :class:`agentrl.trainer.algorithm.RLObjective`
+in a run); checkpoints are :mod:`agentrl.trainer.checkpoint`; the process group is
+:mod:`agentrl.trainer.distributed`'s.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import math
-import os
-import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,24 +36,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from agentrl.trainer import checkpoint
 from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
 from agentrl.trainer.config import AlgoConfig, OptimConfig
-from agentrl.trainer.errors import BackendError, CheckpointError
+from agentrl.trainer.errors import BackendError
 from agentrl.trainer.forward import ValueHead, first_trained_column, plain_logits, shared_logits, token_scores
-from agentrl.trainer.objective import rl_loss, sft_loss
 from agentrl.trainer.offpolicy import mismatch_stats
 from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys
 
-__all__ = [
-    "FSDP2Backend",
-    "TrainBackend",
-    "ValueHead",
-    "decoder_layers",
-    "init_distributed",
-    "shutdown_distributed",
-]
-
-COLLECTIVE_TIMEOUT = timedelta(seconds=300)
+__all__ = ["FSDP2Backend", "Objective", "TrainBackend", "ValueHead", "decoder_layers"]
 
 
 @runtime_checkable
@@ -73,52 +62,18 @@ class TrainBackend(Protocol):
     def load(self, path: str | Path) -> dict[str, Any]: ...
 
 
-def init_distributed(timeout_s: float | None = None) -> tuple[int, int]:
-    """Join the ``torchrun`` process group if launched by it; returns ``(rank, world_size)``.
+class Objective(Protocol):
+    """The micro-batch losses the backend differentiates; each returns ``(loss, stats)``, the loss
+    normalised by the mini-batch's global ``num_tokens`` / ``num_seqs`` (see the module docstring)."""
 
-    ``timeout_s`` bounds every collective of the group (default :data:`COLLECTIVE_TIMEOUT`).
-    """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    try:
-        timeout = COLLECTIVE_TIMEOUT if timeout_s is None else timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - a rendezvous failure names the peer address
-        raise BackendError(
-            f"could not join the {backend} process group of {world} ranks at "
-            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}: {e}"
-        ) from e
-    return dist.get_rank(), dist.get_world_size()
+    def rl_loss(
+        self, mb: TrainBatch, logp: torch.Tensor, ent_tok: torch.Tensor, values: torch.Tensor | None,
+        num_tokens: float, num_seqs: float,
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...  # fmt: skip
 
-
-GLOO_DRAIN_S = 0.25
-
-
-def shutdown_distributed(*, meet: bool) -> None:
-    """Leave the process group so that the rank's interpreter can exit cleanly.
-
-    ``meet=True`` (a run that ended normally) first waits for every rank at a barrier, so no
-    rank leaves while another still runs a collective. Then the group is destroyed and the
-    GIL released for :data:`GLOO_DRAIN_S`: a gloo worker thread drops its last reference to a
-    finished collective *after* the caller's ``wait()`` returns, and that drop takes the GIL
-    to release the tensors' Python objects. If the interpreter is already finalizing when the
-    thread gets the GIL, the thread is ended inside a C++ destructor and the rank dies with
-    SIGABRT ("terminate called without an active exception") after a run that succeeded;
-    measured at 6 exits in 90 under load on 2 CPU cores, 0 in 45 with the pause. ``destroy_process_group`` does not
-    join those threads while FSDP still references the group, so the pause is what drains them.
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    if meet:
-        dist.barrier()
-    dist.destroy_process_group()
-    time.sleep(GLOO_DRAIN_S)
+    def sft_loss(
+        self, mb: TrainBatch, logp: torch.Tensor, num_tokens: float
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -135,8 +90,10 @@ def _lr_lambda(warmup: int) -> Callable[[int], float]:
 
 
 class FSDP2Backend:
-    """Trains an HF causal LM with the losses of :mod:`agentrl.trainer.losses`.
+    """Trains an HF causal LM on the losses of the ``objective`` it is handed.
 
+    ``algo`` sets the update's schedule (epochs, mini-batches) and whether the entropy carries a
+    gradient (``entropy_coef > 0``); the loss itself is the ``objective``'s.
     ``value_head=True`` adds a :class:`ValueHead` (PPO). ``ref_model`` (frozen)
     enables the KL penalty. ``optimizer_factory`` defaults to AdamW. ``share_prompts``
     runs the forward of a prompt that several rows of a micro-batch share (a GRPO group)
@@ -150,6 +107,7 @@ class FSDP2Backend:
         algo: AlgoConfig,
         optim: OptimConfig,
         *,
+        objective: Objective,
         device: str | torch.device = "cpu",
         value_head: bool = False,
         ref_model: nn.Module | None = None,
@@ -159,7 +117,7 @@ class FSDP2Backend:
         share_prompts: bool = True,
         optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
     ) -> None:
-        self.algo, self.optim_cfg = algo, optim
+        self.algo, self.optim_cfg, self.objective = algo, optim, objective
         self.device = torch.device(device)
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         self.model = model.to(self.device)
@@ -389,7 +347,7 @@ class FSDP2Backend:
         self, mb: TrainBatch, num_tokens: float, prompts: list[tuple[int, ...]] | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         logp, _, _ = self._forward(self.model, mb, window=True, prompts=prompts)
-        return sft_loss(mb, logp, num_tokens)
+        return self.objective.sft_loss(mb, logp, num_tokens)
 
     def _micro_loss(
         self,
@@ -399,7 +357,7 @@ class FSDP2Backend:
         prompts: list[tuple[int, ...]] | None = None,
         seen: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's share of the mini-batch loss (:func:`~agentrl.trainer.objective.rl_loss`).
+        """The micro-batch's share of the mini-batch loss (the objective's ``rl_loss``).
 
         ``seen`` collects the sampled tokens' (train, rollout) logprobs for :meth:`_mismatch`: the
         train side is the proximal policy's when decoupled, else this forward's (the same in the
@@ -416,7 +374,7 @@ class FSDP2Backend:
             sampled = mb.loss_mask[:, 1:] > 0
             train = mb.prox_logp[:, 1:] if mb.prox_logp is not None else logp
             seen.append((train.detach()[sampled].cpu(), mb.old_logp[:, 1:][sampled].cpu()))
-        return rl_loss(self.algo, mb, logp, ent_tok, values, num_tokens, num_seqs)
+        return self.objective.rl_loss(mb, logp, ent_tok, values, num_tokens, num_seqs)
 
     def _mismatch(self, seen: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
         """:func:`~agentrl.trainer.offpolicy.mismatch_stats` over the mini-batch's sampled tokens.
@@ -475,75 +433,10 @@ class FSDP2Backend:
         self.updates = 0
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
-        """An HF directory (``config.json`` + ``model.safetensors``) plus ``trainer_state.pt``."""
-        path = Path(path)
-        full = self.state_dict()
-        optim_state = self._optim_state()
-        if self.rank != 0:
-            return
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / "trainer_state.pt.tmp"
-        save_pretrained = getattr(self.model, "save_pretrained", None)
-        if save_pretrained is None:
-            raise CheckpointError(f"{type(self.model).__name__} has no save_pretrained; need an HF model")
-        save_pretrained(str(path), state_dict=full, safe_serialization=True)
-        state = {
-            "optimizer": optim_state,
-            "scheduler": self.scheduler.state_dict(),
-            "updates": self.updates,
-            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
-            "extra": extra or {},
-        }
-        torch.save(state, tmp)
-        os.replace(tmp, path / "trainer_state.pt")
-        (path / "agentrl_checkpoint.json").write_text(
-            json.dumps({"updates": self.updates, **(extra or {}).get("meta", {})})
-        )
-
-    def _optim_state(self) -> dict[str, Any]:
-        if not self.sharded:
-            return self.optimizer.state_dict()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        return get_optimizer_state_dict(
-            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
+        """An HF directory (``config.json`` + ``model.safetensors``) plus ``trainer_state.pt``
+        (:func:`agentrl.trainer.checkpoint.save`; a collective when sharded, rank 0 writes)."""
+        checkpoint.save(self, path, extra)
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore weights, optimizer, scheduler and value head from :meth:`save`; returns ``extra``."""
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        st_file, state_file = path / "model.safetensors", path / "trainer_state.pt"
-        for f in (st_file, state_file):
-            if not f.exists():
-                raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f.name} is missing")
-        weights = load_file(str(st_file))
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
-        if self.sharded:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                set_model_state_dict,
-                set_optimizer_state_dict,
-            )
-
-            opts = StateDictOptions(full_state_dict=True)
-            set_model_state_dict(self.model, dict(weights.items()), options=opts)
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
-        else:
-            own = self.model.state_dict()
-            missing = [k for k in own if k not in weights]
-            # tied embeddings are saved once; fill them from their twin
-            for k in missing:
-                if k == "lm_head.weight" and "model.embed_tokens.weight" in weights:
-                    weights[k] = weights["model.embed_tokens.weight"]
-            try:
-                self.model.load_state_dict(weights, strict=True)
-            except RuntimeError as e:
-                raise CheckpointError(f"checkpoint {str(path)!r} does not match the model: {e}") from e
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.updates = int(state["updates"])
-        if self.value_head is not None and state.get("value_head") is not None:
-            self.value_head.load_state_dict(state["value_head"])
-        return dict(state.get("extra") or {})
+        return checkpoint.load(self, path)

@@ -8,7 +8,12 @@ directory or model name) and evaluates greedily on the held-out seeds.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrl.trainer.runtime import StartParts
 
 __all__ = ["register"]
 
@@ -19,27 +24,34 @@ def _resolve(args: argparse.Namespace) -> Any:
     return resolve(args)
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(
+    args: argparse.Namespace,
+    start_parts: StartParts | None = None,
+    train_on_ray: Callable[[Any], object] | None = None,
+) -> int:
+    from agentrl.errors import ConfigError
     from agentrl.trainer.loop import train
 
     cfg = _resolve(args)  # config errors before any model loads
     if cfg.cluster.trainers > 1:  # data-parallel ranks as Ray actors; this process places and waits
-        from agentrl.cluster.trainers import train_on_ray
-
+        if train_on_ray is None:
+            raise ConfigError(
+                "cluster.trainers > 1: the rank actors run on Ray, and no Ray launcher was handed"
+            )
         train_on_ray(cfg)
         return 0
-    train(cfg)
+    train(cfg, start_parts=start_parts)
     return 0
 
 
-def _sft(args: argparse.Namespace) -> int:
+def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int:
     """Warm start only: the same runtime, backend and weight sync as `train`, then save the model."""
     import json
     import time
 
     from rich.console import Console
 
-    from agentrl.trainer.backend import FSDP2Backend
+    from agentrl.trainer.algorithm import make_backend
     from agentrl.trainer.loop import progress_bar
     from agentrl.trainer.metrics import MetricsLogger
     from agentrl.trainer.runtime import build_runtime, evaluate, seed_everything, start_run_dir
@@ -50,7 +62,7 @@ def _sft(args: argparse.Namespace) -> int:
     console = Console()
     run_dir = start_run_dir(cfg)
     seed_everything(cfg.run.seed)
-    rt = build_runtime(cfg, run_dir=run_dir)
+    rt = build_runtime(cfg, run_dir=run_dir, start_parts=start_parts)
     log = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard)
     t0 = time.perf_counter()
     try:
@@ -58,7 +70,7 @@ def _sft(args: argparse.Namespace) -> int:
         try:
             before = evaluate(rt)
             with progress_bar(console, enabled=cfg.run.progress) as progress:
-                be = FSDP2Backend(rt.policy, cfg.algo, cfg.optim, device=rt.device)
+                be = make_backend(rt.policy, cfg.algo, cfg.optim, device=rt.device)
                 stats = warm_start(rt, be, sync, log, progress)
             after = evaluate(rt)
         finally:
@@ -87,13 +99,13 @@ def _asdict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def _eval(args: argparse.Namespace) -> int:
+def _eval(args: argparse.Namespace, start_parts: StartParts | None = None) -> int:
     from rich.console import Console
 
     from agentrl.trainer.runtime import build_runtime, evaluate
 
     cfg = _resolve(args)
-    rt = build_runtime(cfg)
+    rt = build_runtime(cfg, start_parts=start_parts)
     try:
         ev = evaluate(rt)
     finally:
@@ -105,20 +117,31 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
-    """Add ``train``, ``sft`` and ``eval`` to the `agentrl` parser's subparsers."""
+def register(
+    sub: Any, *, start_parts: StartParts | None = None, train_on_ray: Callable[[Any], object] | None = None
+) -> None:
+    """Add ``train``, ``sft`` and ``eval`` to the `agentrl` parser's subparsers.
+
+    The cluster's parts come from the caller (``agentrl.cli``), since the trainer never imports
+    ``agentrl.cluster``: ``start_parts`` starts a ``--ray`` run's engine replicas, ``train_on_ray``
+    runs ``--trainers N`` rank actors.
+    """
     from agentrl.trainer.config import add_cli_flags
 
     for name, func, text in (
         (
             "train",
-            _train,
+            functools.partial(_train, start_parts=start_parts, train_on_ray=train_on_ray),
             "train a model on an environment (SFT warm start on oracle episodes, then GRPO/PPO)",
         ),
-        ("sft", _sft, "supervised warm start only: train on the env's oracle episodes, save the model"),
+        (
+            "sft",
+            functools.partial(_sft, start_parts=start_parts),
+            "supervised warm start only: train on the env's oracle episodes, save the model",
+        ),
         (
             "eval",
-            _eval,
+            functools.partial(_eval, start_parts=start_parts),
             "evaluate a model or checkpoint directory (--model PATH) on held-out seeds, greedily",
         ),
     ):

@@ -2,7 +2,8 @@
 
 Every option lives once, as a field with its default and a one-line docstring
 under it, in one of six sections (``[model]``, ``[rollout]``, ``[algo]``,
-``[optim]``, ``[run]``, and ``[cluster]`` in :mod:`agentrl.trainer.cluster_config`). The flags (``group_size`` becomes ``--group-size``), the
+``[optim]``, ``[run]``, with ``[algo]`` in :mod:`agentrl.trainer.algo_config` and ``[cluster]`` in
+:mod:`agentrl.trainer.cluster_config`). The flags (``group_size`` becomes ``--group-size``), the
 TOML reader and writer and the type checks are generated from the fields by
 :mod:`agentrl.configlib`; this module adds what is the run's own: :func:`resolve`
 merges defaults < the env's registered demo preset < TOML < flags given on the
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl import configlib
 from agentrl.configlib import fail as _fail
+from agentrl.trainer.algo_config import AlgoConfig
 from agentrl.trainer.cluster_config import ClusterConfig, check_ray
 
 if TYPE_CHECKING:
@@ -44,14 +46,8 @@ __all__ = [
     "to_toml",
 ]
 
-AdvantageKind = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
-PolicyLossKind = Literal["ppo", "gspo", "cispo"]
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-KLEstimator = Literal["k1", "k2", "k3"]
 SyncKind = Literal["auto", "inprocess", "disk", "broadcast"]
 EngineKind = Literal["hf", "vllm", "sglang"]
-RolloutCorrection = Literal["none", "tis", "mis", "icepop"]
-CorrectionLevel = Literal["token", "sequence"]
 
 
 ENGINE_MAX_BATCH = 64
@@ -196,133 +192,6 @@ class RolloutConfig:
             if self.session_url:
                 _fail("rollout", "agent", self.agent, "--agent runs its own session gateway in process; "
                       "--session-url with --agent is not supported yet (leave --session-url out)")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class AlgoConfig:
-    """The RL algorithm: advantage estimator, policy loss and regularisers."""
-
-    algo: Literal["grpo", "ppo"] = "grpo"
-    """'grpo' (critic-free, group baselines) or 'ppo' (value head + GAE)"""
-    advantage: AdvantageKind | Literal["auto"] = "auto"
-    """grpo | dr_grpo | rloo | reinforce_pp | gae; 'auto' = grpo for GRPO, gae for PPO"""
-    policy_loss: PolicyLossKind = "ppo"
-    """ppo (clipped ratio) | gspo (sequence ratio) | cispo (clipped IS weight)"""
-    clip_low: float = 0.2
-    """lower clip range: ratio >= 1 - clip_low"""
-    clip_high: float = 0.28
-    """upper clip range: ratio <= 1 + clip_high (clip-higher when > clip_low, DAPO)"""
-    dual_clip: float = 0.0
-    """dual-clip constant c > 1 bounding the loss for negative advantages (0 = off)"""
-    loss_agg: AggMode = "token-mean"
-    """how per-token losses become one number"""
-    kl_coef: float = 0.0
-    """weight of the KL penalty to the reference (initial) model; 0 = off, no reference copy"""
-    kl_estimator: KLEstimator = "k3"
-    """k1 (log ratio), k2 (half squared log ratio) or k3 (unbiased, low variance)"""
-    entropy_coef: float = 0.0
-    """entropy bonus weight"""
-    dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal (zero advantage)"""
-    overlong_buffer: int = 0
-    """DAPO: penalise completions within this many tokens of max_new_tokens (0 = off)"""
-    overlong_penalty: float = 1.0
-    """DAPO: maximum overlong penalty, reached at max_new_tokens"""
-    gamma: float = 1.0
-    """PPO/GAE discount"""
-    lam: float = 0.95
-    """PPO/GAE lambda"""
-    value_clip: float = 0.2
-    """PPO: clip range of the value loss"""
-    vf_coef: float = 0.5
-    """PPO: weight of the value loss"""
-    epochs: int = 1
-    """passes over each batch"""
-    num_minibatches: int = 1
-    """optimizer updates per pass; the batch must split evenly"""
-    decoupled: bool = False
-    """decoupled PPO: clip against the weights at the start of the update (one extra no-grad forward) and weight each token by pi_prox / pi_behaviour"""
-    rollout_correction: RolloutCorrection = "none"
-    """decoupled PPO's behaviour weight: none (as is) | tis (truncated at is_cap) | mis (masked outside [is_low, is_high]) | icepop (token mask, band [0.5, 5] by default)"""
-    correction_level: CorrectionLevel = "token"
-    """tis/mis: the ratio per token, or per sequence (the geometric mean of its tokens' ratios)"""
-    is_cap: float = 2.0
-    """tis: the behaviour weight is truncated at this C"""
-    is_low: float | None = None
-    """mis/icepop: tokens (sequences) with a ratio below this leave the loss; unset = 0.5"""
-    is_high: float | None = None
-    """mis/icepop: tokens (sequences) with a ratio above this leave the loss; unset = 2.0 for mis, 5.0 for icepop"""
-
-    def __post_init__(self) -> None:
-        if self.clip_low <= 0 or self.clip_low >= 1 or self.clip_high <= 0:
-            _fail(
-                "algo",
-                "clip_low/clip_high",
-                (self.clip_low, self.clip_high),
-                "need 0 < clip_low < 1, clip_high > 0",
-            )
-        if self.dual_clip != 0 and self.dual_clip <= 1:
-            _fail("algo", "dual_clip", self.dual_clip, "must be > 1 (e.g. 3.0) or 0 to disable")
-        if self.kl_coef < 0 or self.entropy_coef < 0 or self.vf_coef < 0:
-            _fail(
-                "algo",
-                "kl_coef/entropy_coef/vf_coef",
-                (self.kl_coef, self.entropy_coef, self.vf_coef),
-                "must be >= 0",
-            )
-        if self.overlong_buffer < 0:
-            _fail("algo", "overlong_buffer", self.overlong_buffer, "must be >= 0")
-        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
-            _fail("algo", "gamma/lam", (self.gamma, self.lam), "must lie in [0, 1]")
-        if self.epochs < 1 or self.num_minibatches < 1:
-            _fail("algo", "epochs/num_minibatches", (self.epochs, self.num_minibatches), "must be >= 1")
-        if self.algo == "grpo" and self.advantage == "gae":
-            _fail("algo", "advantage", self.advantage, "GAE needs a critic: use --algo ppo")
-        if self.algo == "ppo" and self.advantage not in ("auto", "gae"):
-            _fail("algo", "advantage", self.advantage, "PPO uses GAE; use --algo grpo for group baselines")
-        self._check_correction()
-
-    def _check_correction(self) -> None:
-        """The off-policy correction's options agree with each other (see agentrl.trainer.offpolicy)."""
-        c = self.rollout_correction
-        if c != "none" and not self.decoupled:
-            _fail(
-                "algo",
-                "rollout_correction",
-                c,
-                "corrects the behaviour weight pi_prox / pi_behaviour of decoupled PPO; add --decoupled",
-            )
-        if c == "icepop" and self.correction_level != "token":
-            _fail(
-                "algo",
-                "correction_level",
-                self.correction_level,
-                "icepop masks single tokens; use --correction-level token, or --rollout-correction mis",
-            )
-        if self.is_cap < 1:
-            _fail("algo", "is_cap", self.is_cap, "must be >= 1 (a cap below 1 down-weights on-policy tokens)")
-        low, high = self.is_bounds
-        if not 0 <= low <= 1 <= high:
-            _fail(
-                "algo",
-                "is_low/is_high",
-                (self.is_low, self.is_high),
-                "need 0 <= is_low <= 1 <= is_high (the band must keep on-policy tokens, ratio 1)",
-            )
-
-    @property
-    def is_bounds(self) -> tuple[float, float]:
-        """The mis/icepop band ``[is_low, is_high]`` with the unset bounds derived."""
-        low = 0.5 if self.is_low is None else self.is_low
-        if self.is_high is not None:
-            return low, self.is_high
-        return low, 5.0 if self.rollout_correction == "icepop" else 2.0
-
-    @property
-    def advantage_kind(self) -> AdvantageKind:
-        if self.advantage == "auto":
-            return "gae" if self.algo == "ppo" else "grpo"
-        return self.advantage
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,27 @@ whose loss is normalised by global counts, so the update equals the one-rank
 update. The full weights are gathered to every rank and copied into its engine.
 Only rank 0 writes the run directory, logs and checkpoints.
 
-Every collective here runs on the process group created by
-:func:`agentrl.trainer.backend.init_distributed`, whose timeout bounds it.
+Every collective here runs on the process group that :func:`init_distributed` joins, whose
+timeout bounds it; :func:`shutdown_distributed` leaves it.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Ranks"]
+from agentrl.trainer.errors import BackendError
+
+__all__ = ["Ranks", "init_distributed", "shutdown_distributed"]
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 
 T = TypeVar("T")
 
@@ -79,3 +86,51 @@ class Ranks:
     def any(self, flag: bool) -> bool:
         """True on every rank when it is true on some rank."""
         return self.all_sum([float(flag)])[0] > 0
+
+
+def init_distributed(timeout_s: float | None = None) -> tuple[int, int]:
+    """Join the ``torchrun`` process group if launched by it; returns ``(rank, world_size)``.
+
+    ``timeout_s`` bounds every collective of the group (default :data:`COLLECTIVE_TIMEOUT`).
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        timeout = COLLECTIVE_TIMEOUT if timeout_s is None else timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - a rendezvous failure names the peer address
+        raise BackendError(
+            f"could not join the {backend} process group of {world} ranks at "
+            f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}: {e}"
+        ) from e
+    return dist.get_rank(), dist.get_world_size()
+
+
+GLOO_DRAIN_S = 0.25
+
+
+def shutdown_distributed(*, meet: bool) -> None:
+    """Leave the process group so that the rank's interpreter can exit cleanly.
+
+    ``meet=True`` (a run that ended normally) first waits for every rank at a barrier, so no
+    rank leaves while another still runs a collective. Then the group is destroyed and the
+    GIL released for :data:`GLOO_DRAIN_S`: a gloo worker thread drops its last reference to a
+    finished collective *after* the caller's ``wait()`` returns, and that drop takes the GIL
+    to release the tensors' Python objects. If the interpreter is already finalizing when the
+    thread gets the GIL, the thread is ended inside a C++ destructor and the rank dies with
+    SIGABRT ("terminate called without an active exception") after a run that succeeded;
+    measured at 6 exits in 90 under load on 2 CPU cores, 0 in 45 with the pause. ``destroy_process_group`` does not
+    join those threads while FSDP still references the group, so the pause is what drains them.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if meet:
+        dist.barrier()
+    dist.destroy_process_group()
+    time.sleep(GLOO_DRAIN_S)

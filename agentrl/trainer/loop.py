@@ -8,7 +8,7 @@
     _eval_start(run)                       # greedy held-out seeds: the "start of RL" number
     for step in range(start, steps):
         res   = rollout(step)              # tasks_per_step seeds × group_size episodes, whole groups
-        stats = update.train_step(...)     # rewards → advantages → backend.train_step
+        stats = train_step(...)            # rewards → advantages → backend.train_step (algorithm.py)
         sync  = run.sync.push(weights)     # engine version += 1
         _log_eval_checkpoint(run, ...)     # metrics row, eval every N, checkpoint every N
     _finish(run)                           # final eval, HF directory, plot, summary table
@@ -36,13 +36,15 @@ from typing import Any
 import torch
 
 from agentrl.errors import ConfigError
-from agentrl.trainer.backend import FSDP2Backend, init_distributed, shutdown_distributed
+from agentrl.trainer.algorithm import RLObjective, train_step
+from agentrl.trainer.backend import FSDP2Backend
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
-from agentrl.trainer.distributed import Ranks
+from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
 from agentrl.trainer.rollout import RolloutResult, merge_results
 from agentrl.trainer.runtime import (
     Runtime,
+    StartParts,
     build_runtime,
     evaluate,
     seed_everything,
@@ -50,7 +52,6 @@ from agentrl.trainer.runtime import (
 )
 from agentrl.trainer.service import RolloutService
 from agentrl.trainer.sft import warm_start
-from agentrl.trainer.update import train_step
 from agentrl.trainer.weight_sync import WeightSync, make_sync
 
 __all__ = ["RunSummary", "progress_bar", "train"]
@@ -95,13 +96,14 @@ class _Run:
             self.rt.close()
 
 
-def train(cfg: TrainConfig, *, console: Any = None) -> RunSummary:
+def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | None = None) -> RunSummary:
     """Run `agentrl train` with a resolved config; see the module docstring.
 
     Under ``torchrun`` (``WORLD_SIZE > 1``) the ranks train data-parallel (see
     :mod:`agentrl.trainer.distributed`); rank 0 prints, logs and writes the run directory.
+    With ``cluster.ray``, ``start_parts`` (the cluster's) starts this process's engine replicas.
     """
-    run = _setup(cfg, console)
+    run = _setup(cfg, console, start_parts)
     finished = False
     try:
         with run.progress:
@@ -177,7 +179,7 @@ def _env_server_metrics(server: Any, ranks: Ranks) -> dict[str, float]:
 # ---------------------------------------------------------------- setup
 
 
-def _setup(cfg: TrainConfig, console: Any) -> _Run:
+def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None) -> _Run:
     """Join the ranks, make the run directory, build the runtime, the backend and the weight sync."""
     from rich.console import Console
 
@@ -193,7 +195,7 @@ def _setup(cfg: TrainConfig, console: Any) -> _Run:
     for note in advisories(cfg):
         console.print(f"note: {note}", style="yellow", markup=False, highlight=False)
     seed_everything(cfg.run.seed)
-    rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir)
+    rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir, start_parts=start_parts)
     try:
         # checked here, before any training: the engine must serve the configured transport
         sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, ranks=ranks)
@@ -204,6 +206,7 @@ def _setup(cfg: TrainConfig, console: Any) -> _Run:
         rt.policy,
         cfg.algo,
         cfg.optim,
+        objective=RLObjective(cfg.algo),
         device=rt.device,
         value_head=cfg.algo.algo == "ppo",
         activation_checkpointing=cfg.model.activation_checkpointing,

@@ -43,7 +43,9 @@ if TYPE_CHECKING:
     from agentrl.trainer.agent import AgentRunner
 
 __all__ = [
+    "EngineParts",
     "Runtime",
+    "StartParts",
     "build_runtime",
     "evaluate",
     "make_env_factory",
@@ -56,6 +58,25 @@ __all__ = [
 
 class Stoppable(Protocol):
     def stop(self) -> None: ...
+
+
+class EngineParts(Protocol):
+    """Engine replicas (and env servers) that the caller's cluster starts for this process (``--ray``)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    def env_factory(self, env_kwargs: dict[str, Any], read_timeout: float) -> Callable[[], Env] | None:
+        """RemoteEnvs on the env servers; None without them (the run makes its own envs)."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+StartParts = Callable[[TrainConfig, str, Path | None, Ranks], EngineParts]
+"""``start_parts(cfg, model, run_dir, ranks)``: this process's share of a ``--ray`` run, started. The
+cluster hands it to :func:`build_runtime` (``agentrl.cluster.parts.start_parts``); the trainer never
+imports the cluster."""
 
 
 @dataclass
@@ -206,13 +227,18 @@ def _device(cfg: TrainConfig) -> str:
 
 
 def build_runtime(
-    cfg: TrainConfig, model_path: str | None = None, ranks: Ranks | None = None, run_dir: Path | None = None
+    cfg: TrainConfig,
+    model_path: str | None = None,
+    ranks: Ranks | None = None,
+    run_dir: Path | None = None,
+    start_parts: StartParts | None = None,
 ) -> Runtime:
     """Load the policy (trainer copy + engine copy), tokenizer, session backend and env; start the loop.
 
     Under ``torchrun`` every rank builds its own runtime (its own engine); on CPU the
     ``threads`` budget is split between the ranks of one machine. An engine server started
-    here (``--engine vllm``) writes its log into ``run_dir`` (``engine-rank<N>.log``).
+    here (``--engine vllm``) writes its log into ``run_dir`` (``engine-rank<N>.log``). With
+    ``cluster.ray`` the engine replicas are this process's share, started by ``start_parts``.
     """
     from agentrl.models import load_model, load_tokenizer, resolve
 
@@ -231,7 +257,7 @@ def build_runtime(
         if cfg.rollout.session_url:  # checked before the policy loads: a wrong URL or model fails fast
             sessions, engine = _connect_session_server(cfg, loop, tokenizer, name)
         elif cfg.cluster.ray:  # the replicas start before the policy loads: a cluster too small fails fast
-            engine, parts = _ray_engines(cfg, name, run_dir, ranks)
+            engine, parts = _ray_engines(cfg, name, run_dir, ranks, start_parts)
             server = parts
             sessions = _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent))
             r = cfg.rollout
@@ -322,26 +348,21 @@ def _engine_server(
     return engine, server
 
 
-def _ray_engines(cfg: TrainConfig, name: str, run_dir: Path | None, ranks: Ranks) -> tuple[Engine, Any]:
+def _ray_engines(
+    cfg: TrainConfig, name: str, run_dir: Path | None, ranks: Ranks, start_parts: StartParts | None
+) -> tuple[Engine, EngineParts]:
     """``cluster.engines`` replicas of ``model.engine`` (and ``cluster.env_servers`` env servers) on
-    Ray actors; the replicas as one engine (agentrl/cluster).
-
-    In a trainer rank's actor (``--trainers N``) only the replicas and env servers that rank owns,
-    in the bundles the driver reserved for them.
+    Ray actors; the replicas as one engine. ``start_parts`` is the cluster's (agentrl/cluster): in a
+    trainer rank's actor (``--trainers N``) it starts only the replicas and env servers that rank owns.
     """
     if cfg.model.engine == "sglang":
         raise ConfigError("cluster.ray=True with model.engine='sglang': Ray replicas run hf or vllm for now")
-    from agentrl.cluster.parts import RayParts
-    from agentrl.cluster.trainers import assigned
-    from agentrl.engines.launcher import local_model_dir
-
-    share = assigned()
-    if ranks.world > 1 and share is None:
+    if start_parts is None:
         raise ConfigError(
-            "cluster.ray=True under torchrun: with --ray the trainer ranks are Ray actors; run "
-            f"`agentrl train --ray --trainers {ranks.world}` without torchrun"
+            "cluster.ray=True but this run was handed no Ray parts: start it with `agentrl train --ray`, "
+            "or pass start_parts=agentrl.cluster.parts.start_parts to train()"
         )
-    parts = RayParts.start(cfg, local_model_dir(name), run_dir, share)
+    parts = start_parts(cfg, name, run_dir, ranks)
     return parts.engine, parts
 
 

@@ -14,8 +14,9 @@ from safetensors.torch import save_file
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from _tiny import fixed_batch, tiny_model  # noqa: E402
 
-from agentrl.trainer.backend import FSDP2Backend, init_distributed, shutdown_distributed  # noqa: E402
+from agentrl.trainer.algorithm import make_backend as FSDP2Backend  # noqa: E402
 from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
+from agentrl.trainer.distributed import init_distributed, shutdown_distributed  # noqa: E402
 
 
 def main(out: str, decoupled: bool = False) -> None:

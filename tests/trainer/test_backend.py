@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).parent))
 from _tiny import fixed_batch, tiny_model  # noqa: E402
 
-from agentrl.trainer.backend import FSDP2Backend  # noqa: E402
+from agentrl.trainer.algorithm import make_backend as FSDP2Backend  # noqa: E402
 from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
 from agentrl.trainer.errors import BackendError, CheckpointError  # noqa: E402
 

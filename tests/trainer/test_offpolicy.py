@@ -17,7 +17,7 @@ from _tiny import fixed_batch, tiny_model  # noqa: E402
 from agentrl.errors import ConfigError  # noqa: E402
 from agentrl.trainer import losses as L  # noqa: E402
 from agentrl.trainer import offpolicy as O  # noqa: E402
-from agentrl.trainer.backend import FSDP2Backend  # noqa: E402
+from agentrl.trainer.algorithm import make_backend as FSDP2Backend  # noqa: E402
 from agentrl.trainer.config import AlgoConfig, OptimConfig, resolve  # noqa: E402
 from agentrl.trainer.errors import BackendError  # noqa: E402
 

@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _tiny import fixed_batch, grouped_batch, tiny_model  # noqa: E402
 
-from agentrl.trainer.backend import FSDP2Backend  # noqa: E402
+from agentrl.trainer.algorithm import make_backend as FSDP2Backend  # noqa: E402
 from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
 from agentrl.trainer.prefix import plan_shared_prompts  # noqa: E402
 

@@ -1,0 +1,246 @@
+"""The RL objective, top to bottom: rewards → shaping and filtering → advantages → per-token terms → aggregation.
+
+::
+
+    stats = train_step(cfg, rt, backend, groups)   # the update of one RL step; its train/* metrics
+    be = FSDP2Backend(model, algo, optim, objective=RLObjective(algo))   # the loss, handed to the backend
+
+1. **Rewards**: one scalar per trajectory, its episode's reward (:func:`advantages`).
+2. **Shaping and filtering**: DAPO's soft overlong penalty, then dynamic sampling drops the groups
+   whose rewards are all equal (no signal).
+3. **Advantages**: a group estimator (GRPO, Dr.GRPO, RLOO, REINFORCE++; :mod:`agentrl.trainer.advantages`)
+   gives one scalar per trajectory, broadcast over its sampled tokens; PPO instead puts the shaped
+   reward on the last sampled token and runs GAE over the value head (:func:`train_step`). Every rank
+   computes the same advantages over the whole step, then trains its own rows.
+4. **Per-token terms** (:class:`RLObjective`): the clipped policy surrogate (decoupled PPO's against the
+   proximal policy, with its behaviour weight), the entropy bonus, the KL penalty to the reference
+   model, PPO's clipped value loss.
+5. **Aggregation**: each term is reduced by ``algo.loss_agg`` with the *global* token and sequence
+   counts of the mini-batch, so a micro-batch's loss is its share of the mini-batch loss and summing
+   the micro-batch gradients over micro-batches and ranks gives the full-batch gradient
+   (:mod:`agentrl.trainer.backend`). The warm start's loss is the NLL of the trained tokens.
+
+The kernels are pure functions: :mod:`agentrl.trainer.losses` (surrogates, KL, value loss,
+aggregation, DAPO's shaping) and :mod:`agentrl.trainer.offpolicy` (decoupled PPO's correction).
+:mod:`agentrl.trainer.loop` and this module are the whole training algorithm.
+
+Micro-batch losses take the scores of :mod:`agentrl.trainer.forward` (``(B, T - 1)`` columns: column
+``t - 1`` scores token ``t``) and return ``(loss, stats)``. A stat whose key ends in ``_tok`` is a
+token-weighted *sum* over the micro-batch (the backend divides its all-rank total by the
+mini-batch's token count and drops the suffix); any other stat is this micro-batch's share of a
+mini-batch total, summed as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from agentrl.trainer import advantages as A
+from agentrl.trainer import losses as L
+from agentrl.trainer import offpolicy as O
+from agentrl.trainer.backend import FSDP2Backend
+from agentrl.trainer.batch import TrainBatch, from_trajectories
+from agentrl.trainer.config import AlgoConfig, OptimConfig, TrainConfig
+from agentrl.trainer.errors import BackendError
+from agentrl.trainer.runtime import Runtime
+
+__all__ = ["RLObjective", "advantages", "make_backend", "train_step"]
+
+
+# ---------------------------------------------------------------- 1-3: rewards, shaping, advantages
+
+
+def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], torch.Tensor, dict[str, float]]:
+    """The step's trajectories and one scalar each: its group advantage, or (GAE) its shaped reward."""
+    a, r = cfg.algo, cfg.rollout
+    trajs, rewards, gids, lengths = [], [], [], []
+    for gi, group in enumerate(groups):
+        for ep in group:
+            for t in ep.trajectories:
+                trajs.append(t)
+                rewards.append(ep.reward)
+                gids.append(gi)
+                lengths.append(max((s.end - s.start for s in t.turn_spans), default=t.num_sampled))
+    rew = torch.tensor(rewards, dtype=torch.float32)
+    gid = torch.tensor(gids)
+    info: dict[str, float] = {}
+    if a.overlong_buffer:
+        pen = L.overlong_penalty(
+            torch.tensor(lengths), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty
+        )
+        rew = rew + pen
+        info["algo/overlong_penalty"] = float(pen.mean())
+    if a.dynamic_sampling:
+        keep = L.dynamic_sampling_keep(rew, gid)
+        info["algo/dynamic_sampling_kept"] = float(keep.float().mean())
+        if not bool(keep.any()):
+            return [], torch.zeros(0), info
+        idx = keep.nonzero().squeeze(-1).tolist()
+        trajs = [trajs[i] for i in idx]
+        rew, gid = rew[keep], gid[keep]
+    if a.advantage_kind == "gae":
+        return trajs, rew, info
+    adv = A.group_advantages(a.advantage_kind, rew, gid)
+    info["algo/zero_adv_frac"] = float((adv.abs() < 1e-8).float().mean())
+    return trajs, adv, info
+
+
+def _gae_batch(
+    cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, trajs: list[Any], rewards: torch.Tensor
+) -> TrainBatch:
+    """PPO: the (shaped) episode reward on the last sampled token, GAE over the critic, normalised
+    advantages over the whole step's sampled tokens."""
+    a = cfg.algo
+    batch = from_trajectories(trajs, [0.0] * len(trajs), pad_id=rt.pad_id)
+    last = (batch.loss_mask.cumsum(-1) == batch.loss_mask.sum(-1, keepdim=True)) & (batch.loss_mask > 0)
+    batch.token_rewards = last.float() * rewards[:, None]
+    batch.old_values = be.values(batch)
+    gae_adv, returns = A.gae(batch.token_rewards, batch.old_values, batch.loss_mask, a.gamma, a.lam)
+    m = batch.loss_mask
+    mean = (gae_adv * m).sum() / m.sum()
+    std = (((gae_adv - mean) ** 2 * m).sum() / m.sum()).sqrt()
+    batch.advantages = (gae_adv - mean) / (std + 1e-6) * m
+    batch.returns = returns
+    return batch
+
+
+def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[list[Any]]) -> dict[str, float]:
+    """Advantages over the whole step's batch (the same on every rank), then this rank's rows."""
+    trajs, adv, info = advantages(cfg, groups)
+    a, ranks = cfg.algo, rt.ranks
+    if len(trajs) < ranks.world * a.num_minibatches:
+        # every rank sees the same trajs, so all of them skip together
+        return {**info, "train/skipped": 1.0, "train/samples": float(len(trajs))}
+    mine = ranks.shard(range(len(trajs)))
+    if a.advantage_kind == "gae":
+        batch = _gae_batch(cfg, rt, be, trajs, adv)
+        if ranks.world > 1:
+            batch = batch.select(mine)
+    else:
+        batch = from_trajectories([trajs[i] for i in mine], [float(adv[i]) for i in mine], pad_id=rt.pad_id)
+    if a.kl_coef > 0:
+        batch.ref_logp = be.ref_logprobs(batch)
+    if a.decoupled:  # decoupled PPO's proximal policy: the weights before this step's first update
+        batch.prox_logp = be.logprobs(batch)
+    stats = be.train_step(batch)
+    versions = [v for t in trajs for v, m in zip(t.policy_versions, t.loss_mask, strict=True) if m]
+    out = {f"train/{k}": v for k, v in stats.items()}
+    out.update(info)
+    out["train/samples"] = float(len(trajs))
+    out["train/tokens"] = ranks.all_sum([float(batch.loss_mask.sum())])[0]
+    if versions:  # policy versions behind the weights being updated (the engine's, synced after every update)
+        now = rt.engine.weight_version
+        out["train/staleness_max"] = float(now - min(versions))
+        out["train/staleness_mean"] = float(now - sum(versions) / len(versions))
+    return out
+
+
+# ---------------------------------------------------------------- 4-5: per-token terms, aggregation
+
+
+@dataclass(frozen=True)
+class RLObjective:
+    """The micro-batch losses of ``algo``, handed to the backend (its ``Objective``)."""
+
+    algo: AlgoConfig
+
+    def rl_loss(
+        self,
+        mb: TrainBatch,
+        logp: torch.Tensor,
+        ent_tok: torch.Tensor,
+        values: torch.Tensor | None,
+        num_tokens: float,
+        num_seqs: float,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Policy loss, minus the entropy bonus, plus the KL penalty and (with ``values``, PPO) the value loss.
+
+        ``ent_tok`` is the per-token entropy (differentiable when ``algo.entropy_coef > 0``);
+        ``values`` the critic's ``(B, T - 1)`` values, or None without a value head.
+        """
+        a = self.algo
+        mask = mb.loss_mask[:, 1:]
+        agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        loss, stats = self._policy_term(mb, logp, mask, agg)
+        if a.entropy_coef > 0:
+            ent = L.aggregate(ent_tok, mask, a.loss_agg, **agg)
+            loss = loss - a.entropy_coef * ent
+            stats["entropy"] = float(ent.detach())
+        else:
+            stats["entropy_tok"] = float((ent_tok * mask).sum())
+        if a.kl_coef > 0:
+            if mb.ref_logp is None:
+                raise BackendError(
+                    "kl_coef > 0 but the batch has no ref_logp; compute them with ref_logprobs()"
+                )
+            kl = L.aggregate(L.kl_penalty(logp, mb.ref_logp[:, 1:], a.kl_estimator), mask, a.loss_agg, **agg)
+            loss = loss + a.kl_coef * kl
+            stats["kl"] = float(kl.detach())
+        if values is not None:
+            if mb.returns is None or mb.old_values is None:
+                raise BackendError("PPO batch needs returns and old_values")
+            vf = L.value_loss(
+                values,
+                mb.old_values[:, 1:],
+                mb.returns[:, 1:],
+                mask,
+                clip=a.value_clip,
+                agg=a.loss_agg,
+                **agg,
+            ).loss
+            loss = loss + a.vf_coef * vf
+            stats["vf_loss"] = float(vf.detach())
+        stats["loss"] = float(loss.detach())
+        return loss, stats
+
+    def _policy_term(
+        self, mb: TrainBatch, logp: torch.Tensor, mask: torch.Tensor, agg: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped policy-gradient loss and its stats (``_tok`` sums, plus ``pg_loss``).
+
+        Decoupled (``algo.decoupled``), the clip is against ``mb.prox_logp`` and each token's loss is
+        weighted by the corrected ``pi_prox / pi_behaviour`` (:mod:`agentrl.trainer.offpolicy`).
+        """
+        a = self.algo
+        old = mb.old_logp[:, 1:]
+        kw: dict[str, Any] = {"kind": a.policy_loss, "clip_low": a.clip_low, "clip_high": a.clip_high,
+                              "dual_clip": a.dual_clip, "agg": a.loss_agg, **agg}  # fmt: skip
+        if a.decoupled:
+            if mb.prox_logp is None:
+                raise BackendError(
+                    "decoupled PPO but the batch has no prox_logp; compute them with logprobs()"
+                )
+            low, high = a.is_bounds
+            pg = O.decoupled_policy_loss(
+                logp, mb.prox_logp[:, 1:], old, mb.advantages[:, 1:], mask, correction=a.rollout_correction,
+                level=a.correction_level, cap=a.is_cap, low=low, high=high, **kw,
+            )  # fmt: skip
+        else:
+            pg = L.policy_loss(logp, old, mb.advantages[:, 1:], mask, **kw)
+            pg.stats.update(is_weight_mean=1.0, is_truncated_frac=0.0, is_masked_frac=0.0)
+        ntok = float(mask.sum())
+        stats = {f"{k}_tok": v * ntok for k, v in pg.stats.items()}
+        stats["pg_loss"] = float(pg.loss.detach())
+        with torch.no_grad():
+            diff = (logp - old).abs() * mask
+            stats["logprob_diff_tok"] = float(diff.sum())
+        return pg.loss, stats
+
+    def sft_loss(
+        self, mb: TrainBatch, logp: torch.Tensor, num_tokens: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Negative log-likelihood of the ``loss_mask`` tokens, and how many of them are the argmax."""
+        mask = mb.loss_mask[:, 1:]
+        loss = -(logp * mask).sum() / num_tokens
+        with torch.no_grad():
+            correct = float(((logp > -0.6931) * mask).sum())  # p > 1/2: the token is the argmax
+        return loss, {"loss": float(loss.detach()), "token_acc_tok": correct}
+
+
+def make_backend(model: nn.Module, algo: AlgoConfig, optim: OptimConfig, **kw: Any) -> FSDP2Backend:
+    """An :class:`~agentrl.trainer.backend.FSDP2Backend` handed ``algo``'s objective (``kw`` go to it)."""
+    return FSDP2Backend(model, algo, optim, objective=RLObjective(algo), **kw)
