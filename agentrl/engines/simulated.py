@@ -33,7 +33,7 @@ What is simulated, and how:
 - **Weight updates** (state dict or safetensors path) are applied by the engine thread
   between two steps, after waiting ``update_s`` seconds (decoding stalls meanwhile), so
   every token carries the version in force when its step sampled it. The distributed path is
-  not served (``capabilities.distributed`` is False).
+  not served (``capabilities.distributed`` is False; :class:`WeightGroupEngine`'s calls refuse it).
 
 ``stats`` accounts the simulated time: ``simulated_s`` is the sum of every step's
 ``step_s + per_request_s * n``, and ``overrun_steps`` counts the steps whose sampling took
@@ -65,7 +65,6 @@ from agentrl.engines.errors import (
     EngineRequestError,
     EngineUnavailableError,
     InvalidSamplingError,
-    UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
@@ -79,6 +78,7 @@ from agentrl.engines.simulated_model import (
     check_logits,
     zipf_logits,
 )
+from agentrl.engines.weight_groups import WeightGroupEngine
 from agentrl.engines.weights import load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
@@ -113,7 +113,7 @@ class _Update:
     future: concurrent.futures.Future[int]
 
 
-class SimulatedEngine:
+class SimulatedEngine(WeightGroupEngine):
     """A simulated continuous-batching engine for benchmarks (see the module docstring).
 
     ``vocab_size``: token ids are ``[0, vocab_size)`` (give a tokenizer's ``len(tokenizer)`` to
@@ -269,33 +269,6 @@ class SimulatedEngine:
         """Read a safetensors directory or file holding ``logits``; as above otherwise."""
         tensors = await asyncio.to_thread(load_safetensors_dir, Path(path))
         return await self.update_weights_from_state_dict(tensors, version=version)
-
-    async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "gloo",
-        timeout_s: float = 60.0,
-    ) -> None:
-        raise _no_distributed()
-
-    async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: int | None = None,
-        timeout_s: float = 300.0,
-    ) -> int:
-        raise _no_distributed()
-
-    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
-        raise _no_distributed()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; waiting and running requests end with ``"abort"``."""
@@ -504,10 +477,3 @@ class SimulatedEngine:
                 upd.future,
                 exc=EngineUnavailableError("the engine was closed before the weight update applied"),
             )
-
-
-def _no_distributed() -> UnsupportedWeightUpdateError:
-    return UnsupportedWeightUpdateError(
-        "SimulatedEngine does not serve weight updates over torch.distributed (its capabilities say so); "
-        "use update_weights_from_state_dict or update_weights_from_path"
-    )
