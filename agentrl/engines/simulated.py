@@ -61,15 +61,14 @@ from typing import Any
 
 import torch
 
+from agentrl.engines.engine_thread import EngineThread, resolve
 from agentrl.engines.errors import (
-    EngineRequestError,
     EngineUnavailableError,
     InvalidSamplingError,
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
 from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, check_prompt
-from agentrl.engines.scheduler import resolve
 from agentrl.engines.simulated_model import (
     Distribution,
     LengthFn,
@@ -113,7 +112,7 @@ class _Update:
     future: concurrent.futures.Future[int]
 
 
-class SimulatedEngine(WeightGroupEngine):
+class SimulatedEngine(WeightGroupEngine, EngineThread[_Request, _Update]):
     """A simulated continuous-batching engine for benchmarks (see the module docstring).
 
     ``vocab_size``: token ids are ``[0, vocab_size)`` (give a tokenizer's ``len(tokenizer)`` to
@@ -123,6 +122,9 @@ class SimulatedEngine(WeightGroupEngine):
     ``max_new_tokens`` end it). ``logits`` are the simulated model's weights (default: a Zipf
     distribution seeded by ``seed``, which also seeds requests without their own seed).
     """
+
+    engine_name = "SimulatedEngine"
+    step_failed = "simulated engine step failed"
 
     def __init__(
         self,
@@ -168,12 +170,7 @@ class SimulatedEngine(WeightGroupEngine):
             "overrun_steps": 0,
             "updates": 0,
         }
-        self._cv = threading.Condition()
-        self._waiting: list[_Request] = []
-        self._running: list[_Request] = []
-        self._by_id: dict[str, _Request] = {}
-        self._updates: list[_Update] = []
-        self._closed = False
+        self._init_queues()
         self._stop = threading.Event()  # set by close(): ends a step's or an update's wait early
         self._thread = threading.Thread(target=self._loop, name="agentrl-simulated-engine", daemon=True)
         self._thread.start()
@@ -256,7 +253,7 @@ class SimulatedEngine(WeightGroupEngine):
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
         with self._cv:
             if self._closed:
-                raise EngineUnavailableError("the engine is closed; create a new SimulatedEngine")
+                raise self._closed_error()
             self._updates.append(
                 _Update({k: t.detach().float().cpu() for k, t in tensors.items()}, version, fut)
             )
@@ -294,16 +291,7 @@ class SimulatedEngine(WeightGroupEngine):
         rng = random.Random(params.seed if params.seed is not None else next(self._seeds))
         length = self._draw_length(rng) if self.output_lengths is not None else None
         fut: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        req = _Request(rid, prompt_tokens, params, rng, length, fut)
-        with self._cv:
-            if self._closed:
-                raise EngineUnavailableError("the engine is closed; create a new SimulatedEngine")
-            if rid in self._by_id:
-                raise EngineRequestError(f"request id {rid!r} is already running; use a unique request_id")
-            self._by_id[rid] = req
-            self._waiting.append(req)
-            self._stats["requests"] += 1
-            self._cv.notify_all()
+        self._enqueue(_Request(rid, prompt_tokens, params, rng, length, fut), self._stats)
         return fut
 
     def _draw_length(self, rng: random.Random) -> int:
@@ -324,37 +312,7 @@ class SimulatedEngine(WeightGroupEngine):
             )
         return len(ids)
 
-    def _flag_abort(self, rid: str) -> bool:
-        # A request is live while it is in _by_id: its future may already be cancelled (a caller's
-        # deadline cancels it through asyncio.wrap_future), and that request must still be stopped.
-        with self._cv:
-            req = self._by_id.get(rid)
-            if req is None:
-                return False
-            req.abort_requested = True
-            self._cv.notify_all()
-            return True
-
     # ------------------------------------------------------------------ engine thread
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not (self._closed or self._waiting or self._running or self._updates):
-                    self._cv.wait()
-                if self._closed:
-                    break
-            try:
-                self._iteration()
-            except Exception as e:  # a bug in one step must not kill the engine: fail the batch, keep serving
-                log.exception("simulated engine step failed")
-                failed, self._running = self._running, []
-                for r in failed:
-                    self._forget(r)
-                    resolve(
-                        r.future, exc=EngineUnavailableError(f"engine step failed: {type(e).__name__}: {e}")
-                    )
-        self._shutdown()
 
     def _iteration(self) -> None:
         """Apply updates, retire aborted requests, admit waiting ones, then one decode step."""
@@ -465,15 +423,3 @@ class SimulatedEngine(WeightGroupEngine):
                 },
             ),
         )
-
-    def _shutdown(self) -> None:
-        with self._cv:
-            pending, self._waiting, self._running = self._waiting + self._running, [], []
-            updates, self._updates = self._updates, []
-        for r in pending:
-            self._finish(r, "abort")
-        for upd in updates:
-            resolve(
-                upd.future,
-                exc=EngineUnavailableError("the engine was closed before the weight update applied"),
-            )
