@@ -38,6 +38,7 @@ class RemoteEngine(HTTPEngineClient, WeightGroupEngine):
     _HEALTH: ClassVar[dict[str, Any]] = {}
     """What ``health`` adds about the server (e.g. its kind)."""
 
+    # HTTPEngineClient's options spelled out again (not **kwargs) so the signature documents them.
     def __init__(
         self,
         base_url: str,

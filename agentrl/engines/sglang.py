@@ -89,6 +89,7 @@ class SGLangEngine(RemoteEngine):
         "broadcast_weights"
     )
 
+    # The client options spelled out again (not **kwargs) so the signature documents them.
     def __init__(
         self,
         base_url: str,

@@ -329,6 +329,7 @@ class SimulatedEngine(WeightGroupEngine, EngineThread[_Request, _Update]):
         if self._running:
             self._step()
 
+    # Not the Scheduler's: a simulated update waits update_s and overwrites the logits; nothing drains.
     def _apply_updates(self) -> None:
         while True:
             with self._cv:

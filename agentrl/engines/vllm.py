@@ -117,6 +117,7 @@ class VLLMEngine(RemoteEngine):
     )
     _HEALTH: ClassVar[dict[str, Any]] = {"engine": "vllm"}
 
+    # The client options spelled out again (not **kwargs) so the signature documents them.
     def __init__(
         self,
         base_url: str,

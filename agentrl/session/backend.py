@@ -73,6 +73,7 @@ class SessionBackend(Protocol):
         """Open a session; its id (a fresh one unless given)."""
         ...
 
+    # The contract; both implementations inherit TurnCalls.chat_completion below.
     async def chat_completion(
         self,
         session_id: str,

@@ -199,6 +199,7 @@ class AsyncSessionClient(TurnCalls):
         self._keys.pop(session_id, None)
         return _trajectories(out)
 
+    # SessionBackend's signature; only the call's shape is shared with SessionManager.tokenize.
     async def tokenize(
         self,
         messages: list[Message],

@@ -182,6 +182,7 @@ class SessionManager(TurnCalls):
         }
 
     # ---------------------------------------------------------------- tokenize
+    # SessionBackend's signature; only the call's shape is shared with AsyncSessionClient.tokenize.
     async def tokenize(
         self,
         messages: list[Message],
