@@ -55,8 +55,8 @@ ALLOWED_IN_FUNCTION = {
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "TimeoutError"),
     # The MCP client's internal signals: run() times out like future.result, and a call whose
     # connection ended fails like one; open() and call() catch both and raise EnvInfraError.
-    ("envs/mcp_tools.py", "run", "TimeoutError"),
-    ("envs/mcp_tools.py", "_call", "ConnectionError"),
+    ("envs/mcp_client.py", "run", "TimeoutError"),
+    ("envs/mcp_client.py", "_call", "ConnectionError"),
     # A trainer rank interrupted by Ctrl-C: the driver re-raises it as its own Ctrl-C (exit 130).
     ("cluster/trainers.py", "_wait", "KeyboardInterrupt"),
     # PEP 562: a module-level __getattr__ must raise AttributeError (hasattr, import machinery).

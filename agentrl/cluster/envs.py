@@ -19,9 +19,7 @@ which the rollout retries as infrastructure failures (never scored) on a live se
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import logging
 import os
 import sys
 import threading
@@ -30,23 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from agentrl.cluster.engines import Placement
-from agentrl.cluster.placement import NAMESPACE, ClusterError, get_within, node_address
+from agentrl.cluster.placement import ClusterError, Placement, node_address
+from agentrl.cluster.supervisor import ServerActor, SupervisedActors
 from agentrl.envs import Env
 
 __all__ = ["EnvServerActor", "RayEnvServers"]
 
-log = logging.getLogger(__name__)
-
 
 @ray.remote(max_restarts=0)
-class EnvServerActor:
+class EnvServerActor(ServerActor):
     """One env server: ``agentrl serve-env`` on this node, kept while the actor lives."""
-
-    def __init__(self) -> None:
-        self.server: Any = None
 
     def start(self, env: str, imports: list[str], cwd: str, log_path: str, startup_timeout_s: float,
               oracle: bool) -> str:  # fmt: skip
@@ -65,17 +57,13 @@ class EnvServerActor:
         )  # fmt: skip
         return str(self.server.base_url)
 
-    def alive(self) -> bool:
-        return self.server is not None and self.server.process.poll() is None
 
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-
-
-class RayEnvServers:
+class RayEnvServers(SupervisedActors):
     """``len(placement.bundles)`` env servers of ``env`` on Ray actors, in ``placement``'s bundles."""
+
+    role = "env"
+    what = "env server"
+    actor_class = EnvServerActor
 
     def __init__(
         self,
@@ -91,41 +79,22 @@ class RayEnvServers:
     ) -> None:
         self.env, self.placement, self.imports, self.cpus = env, placement, list(imports), cpus
         self.oracle = oracle
-        self.n = len(placement.bundles)
+        self._init_actors(len(placement.bundles))
         self.log_dir = Path(log_dir) if log_dir is not None else Path(os.environ.get("TMPDIR", "/tmp"))
         self.startup_timeout_s = startup_timeout_s
-        self.restarts, self.restart_errors = 0, 0
         self._cwd = os.getcwd()
-        self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._next = 0
-        self.actors: list[Any] = []
         try:
-            self.actors = [self._actor(i) for i in range(self.n)]
-            self.urls: list[str] = get_within(
-                [a.start.remote(*self._start_args(i, 0)) for i, a in enumerate(self.actors)],
-                startup_timeout_s + 30, f"starting {self.n} env servers of {env!r}",
-            )  # fmt: skip
+            self.urls = self._start_actors(f"starting {self.n} env servers of {env!r}")
         except BaseException:
             self.stop()
             raise
         self.live = [True] * self.n
-        self._supervisor = threading.Thread(target=self._supervise, args=(check_every_s,), daemon=True,
-                                            name="agentrl-env-supervisor")  # fmt: skip
-        self._supervisor.start()
-
-    def _actor(self, i: int) -> Any:
-        k, bundle = self.placement.indices[i], self.placement.bundles[i]
-        strategy = PlacementGroupSchedulingStrategy(
-            placement_group=self.placement.pg, placement_group_bundle_index=bundle
-        )
-        return EnvServerActor.options(  # type: ignore[attr-defined]
-            name=f"agentrl-env-{k}", namespace=NAMESPACE, num_cpus=self.cpus, scheduling_strategy=strategy,
-        ).remote()  # fmt: skip
+        self._start_supervisor(check_every_s)
 
     def _start_args(self, i: int, generation: int) -> tuple[Any, ...]:
-        k = self.placement.indices[i]
-        log_path = self.log_dir / f"env-{k}{f'.{generation}' if generation else ''}.log"
+        log_path = self._log_path(i, generation)
         return self.env, self.imports, self._cwd, str(log_path), self.startup_timeout_s, self.oracle
 
     # ------------------------------------------------------------ episodes
@@ -151,49 +120,13 @@ class RayEnvServers:
 
     # ------------------------------------------------------------ faults
 
-    def _dead(self, i: int) -> bool:
-        try:
-            return not ray.get(self.actors[i].alive.remote(), timeout=10)
-        except Exception:  # noqa: BLE001 - a dead or unreachable actor: replace it
-            return True
-
-    def _supervise(self, every_s: float) -> None:
-        while not self._stopping.wait(every_s):
-            for i in range(self.n):
-                if self._stopping.is_set() or not self._dead(i):
-                    continue
-                try:
-                    self.restart(i)
-                except Exception as e:  # noqa: BLE001 - counted and tried again at the next check
-                    self.restart_errors += 1
-                    log.warning(
-                        "replacing env server %d failed (will retry): %s", self.placement.indices[i], e
-                    )
-
-    def restart(self, i: int) -> None:
-        """Replace server ``i``: a new actor and server, then back in the rotation."""
-        k = self.placement.indices[i]
+    def _take_out(self, i: int) -> None:
         self.live[i] = False  # no new episode goes there meanwhile
-        with contextlib.suppress(Exception):
-            ray.kill(self.actors[i], no_restart=True)
-        self.actors[i] = self._actor(i)
-        url = get_within(self.actors[i].start.remote(*self._start_args(i, self.restarts + 1)),
-                   self.startup_timeout_s + 30, f"restarting env server {k}")  # fmt: skip
+
+    def _bring_in(self, i: int, url: str) -> None:
         with self._lock:
             self.urls[i], self.live[i] = url, True
-        self.restarts += 1
-        log.warning("env server %d replaced (restart %d)", k, self.restarts)
 
     def stop(self) -> None:
         """Stop the servers and the actors (the placement group is its owner's). Idempotent."""
-        self._stopping.set()
-        sup = getattr(self, "_supervisor", None)
-        if sup is not None and sup is not threading.current_thread():
-            sup.join(timeout=30)
-        if self.actors:
-            with contextlib.suppress(Exception):
-                ray.get([a.stop.remote() for a in self.actors], timeout=60)
-            for a in self.actors:
-                with contextlib.suppress(Exception):
-                    ray.kill(a, no_restart=True)
-            self.actors = []
+        self._stop_actors()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -16,13 +17,23 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 
 from agentrl.errors import AgentRLError
 
-__all__ = ["ClusterError", "check_resources", "connect", "get_within", "node_address", "reserve"]
+__all__ = ["ClusterError", "Placement", "check_resources", "connect", "get_within", "node_address", "reserve"]
 
 NAMESPACE = "agentrl"
 
 
 class ClusterError(AgentRLError):
     """The cluster cannot run what was asked (resources, placement, a dead actor)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where actors go in a placement group someone else reserved (and removes): actor ``i`` is
+    named ``agentrl-<role>-<indices[i]>`` and sits in bundle ``bundles[i]`` of ``pg``."""
+
+    pg: Any
+    bundles: list[int]
+    indices: list[int]
 
 
 def connect(address: str = "", *, log_to_driver: bool = False) -> bool:

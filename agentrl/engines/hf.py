@@ -43,6 +43,7 @@ from agentrl.engines.errors import (
 )
 from agentrl.engines.protocol import EngineCapabilities, Generation, TokenDelta, check_prompt
 from agentrl.engines.scheduler import Request, Scheduler
+from agentrl.engines.weight_groups import GroupJoin, WeightBucket, WeightGroupEngine
 from agentrl.engines.weights import StagedWeights, load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
@@ -50,6 +51,8 @@ from agentrl.types import SamplingParams
 __all__ = ["HFEngine", "load_causal_lm", "parse_sampling"]
 
 log = logging.getLogger(__name__)
+
+_BUCKET_TIMEOUT_S = 300.0  # a bucket's deadline when the caller gives none
 
 SamplingLike = SamplingParams | Mapping[str, Any] | None
 
@@ -84,7 +87,7 @@ def load_causal_lm(
     return load_model(str(name_or_path), dtype=dtype, device=str(device))
 
 
-class HFEngine:
+class HFEngine(WeightGroupEngine):
     """Continuous-batching engine over a transformers causal LM (see the module docstring).
 
     ``model`` is a ``PreTrainedModel`` or an agentrl model name / local path / hub id. The
@@ -297,44 +300,26 @@ class HFEngine:
         """Drop the prompt-prefix cache (KV that no running request needs)."""
         await asyncio.wrap_future(self._sched.queue_update(self._sched.flush_prefix_cache, drain=False))
 
-    # torch.distributed weight transfer (the SGLang endpoint names; see agentrl.engines.weights)
+    # torch.distributed weight transfer: WeightGroupEngine's hooks (see agentrl.engines.weights)
 
-    async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "gloo",
-        timeout_s: float = 60.0,
-    ) -> None:
+    async def _join_weight_group(self, join: GroupJoin) -> None:
         """Join a process group with the trainer (rank 0 broadcasts); this engine takes rank ``rank_offset``."""
         from agentrl.engines.weights import init_weight_update_group
 
-        if group_name in self._groups:
-            raise WeightUpdateError(f"weight update group {group_name!r} already exists on this engine")
-        self._groups[group_name] = await asyncio.to_thread(
+        if join.group_name in self._groups:
+            raise WeightUpdateError(f"weight update group {join.group_name!r} already exists on this engine")
+        self._groups[join.group_name] = await asyncio.to_thread(
             init_weight_update_group,
-            master_address,
-            master_port,
-            rank_offset,
-            world_size,
-            backend,
-            timeout_s,
-            group_name,
+            join.master_address,
+            join.master_port,
+            join.rank_offset,
+            join.world_size,
+            join.backend,
+            join.timeout_s,
+            join.group_name,
         )
 
-    async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: int | str | None = None,
-        timeout_s: float = 300.0,
-    ) -> int:
+    async def _receive_weights(self, bucket: WeightBucket) -> int:
         """Receive one bucket of tensors broadcast from rank 0; commit all staged buckets when ``flush_cache``.
 
         Intermediate buckets (``flush_cache=False``) are staged, so no token is ever sampled from a
@@ -342,6 +327,7 @@ class HFEngine:
         """
         from agentrl.engines.weights import receive_bucket
 
+        group_name = bucket.group_name
         group = self._groups.get(group_name)
         if group is None:
             raise WeightUpdateError(
@@ -349,17 +335,18 @@ class HFEngine:
                 f"(known: {sorted(self._groups)})"
             )
         staged = self._staged.setdefault(group_name, StagedWeights())
+        timeout_s = _BUCKET_TIMEOUT_S if bucket.timeout_s is None else bucket.timeout_s
         received = await asyncio.to_thread(
-            receive_bucket, group, names, dtypes, shapes, timeout_s, self.device
+            receive_bucket, group, bucket.names, bucket.dtypes, bucket.shapes, timeout_s, self.device
         )
         staged.tensors.update(received)
-        version = _as_version(weight_version)
-        if not flush_cache:
+        version = _as_version(bucket.weight_version)
+        if not bucket.flush_cache:
             return self.weight_version
         tensors = self._staged.pop(group_name).tensors
         return await asyncio.wrap_future(self._queue_weights(tensors, version, False))
 
-    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+    async def _leave_weight_group(self, group_name: str) -> None:
         from agentrl.engines.weights import destroy_weight_update_group
 
         group = self._groups.pop(group_name, None)

@@ -153,6 +153,7 @@ class Engine(Protocol):
         self, path: str | os.PathLike[str], *, version: int | None = None
     ) -> int: ...
 
+    # The contract; engine classes inherit one implementation from engines/weight_groups.py.
     async def init_weights_update_group(
         self,
         master_address: str,

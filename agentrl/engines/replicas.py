@@ -33,11 +33,12 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from agentrl.engines.errors import EngineUnavailableError, WeightUpdateError
 from agentrl.engines.protocol import Engine, EngineCapabilities, Generation
+from agentrl.engines.weight_groups import GroupJoin, WeightBucket, WeightGroupEngine
 from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["ReplicaEngine", "ReplicaStats"]
 
 MAX_SESSIONS = 200_000  # affinity entries kept (oldest forgotten first)
+_BUCKET_TIMEOUT_S = 300.0  # a bucket's deadline passed on when the caller gives none
 
 
 @dataclass
@@ -63,7 +65,7 @@ def session_key(request_id: str) -> str:
     return head if sep else request_id
 
 
-class ReplicaEngine:
+class ReplicaEngine(WeightGroupEngine):
     """``engines`` served as one engine; ``names`` label them in errors and :meth:`stats`."""
 
     def __init__(self, engines: Sequence[Engine], names: Sequence[str] | None = None) -> None:
@@ -230,49 +232,28 @@ class ReplicaEngine:
         self.last_path = (os.fspath(path), got)
         return got
 
-    async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "gloo",
-        timeout_s: float = 60.0,
-    ) -> None:
+    async def _join_weight_group(self, join: GroupJoin) -> None:
         live = self._live()
         await asyncio.gather(
             *(
                 self.engines[i].init_weights_update_group(
-                    master_address, master_port, rank_offset + n, world_size, group_name, backend, timeout_s
+                    **replace(join, rank_offset=join.rank_offset + n).kwargs()
                 )
                 for n, i in enumerate(live)
             )
         )
 
-    async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: int | None = None,
-        timeout_s: float = 300.0,
-    ) -> int:
+    async def _receive_weights(self, bucket: WeightBucket) -> int:
         # Every rank of the group must take part in each broadcast: a failure here is the whole
         # group's (it cannot go on without that rank), so it is raised, not absorbed.
+        if bucket.timeout_s is None:
+            bucket = replace(bucket, timeout_s=_BUCKET_TIMEOUT_S)
         versions = await asyncio.gather(
-            *(
-                self.engines[i].update_weights_from_distributed(
-                    names, dtypes, shapes, group_name, flush_cache, weight_version, timeout_s
-                )
-                for i in self._live()
-            )
+            *(self.engines[i].update_weights_from_distributed(**bucket.kwargs()) for i in self._live())
         )
         return min(versions)
 
-    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+    async def _leave_weight_group(self, group_name: str) -> None:
         await asyncio.gather(
             *(self.engines[i].destroy_weights_update_group(group_name) for i in self._live()),
             return_exceptions=True,

@@ -8,7 +8,8 @@ batch to empty, with admission paused), admit waiting requests (one left-padded
 prefill; prompts that extend a cached sequence prefill only their suffix), then one
 batched decode step. A request's first token is sampled from its prefill; it leaves
 the batch the step it finishes. A failing step fails the running requests with
-:class:`EngineUnavailableError` and the loop keeps serving.
+:class:`EngineUnavailableError` and the loop keeps serving (the queues and the loop are
+:class:`~agentrl.engines.engine_thread.EngineThread`'s).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any
 import torch
 
 from agentrl.engines.batch import Forward, KVBatch, PrefixCache
-from agentrl.engines.errors import EngineRequestError, EngineUnavailableError, WeightUpdateError
+from agentrl.engines.engine_thread import EngineThread, resolve
+from agentrl.engines.errors import EngineUnavailableError, WeightUpdateError
 from agentrl.engines.protocol import FinishReason, Generation
 from agentrl.engines.sampling import SamplingBatch, sample
 from agentrl.types import SamplingParams
@@ -65,18 +67,10 @@ class Update:
     drain: bool
 
 
-def resolve(fut: concurrent.futures.Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
-    """Complete ``fut`` unless it already is (a cancelled caller, a racing abort)."""
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
-
-
-class Scheduler:
+class Scheduler(EngineThread[Request, Update]):
     """Runs the engine thread over ``forward`` (see the module docstring)."""
+
+    engine_name = "HFEngine"
 
     def __init__(
         self,
@@ -107,12 +101,7 @@ class Scheduler:
             "cached_prompt_tokens": 0,
             "steps": 0,
         }
-        self._cv = threading.Condition()
-        self._waiting: list[Request] = []
-        self._running: list[Request] = []
-        self._by_id: dict[str, Request] = {}
-        self._updates: list[Update] = []
-        self._closed = False
+        self._init_queues()
         self._epoch = 0  # bumped whenever cached KV becomes invalid (new weights, flush)
         self._kv: KVBatch | None = None  # KV of the running batch, rows aligned with self._running
         self._thread = threading.Thread(target=self._loop, name="agentrl-engine", daemon=True)
@@ -121,17 +110,7 @@ class Scheduler:
     # -- any thread
 
     def add(self, req: Request) -> None:
-        with self._cv:
-            if self._closed:
-                raise EngineUnavailableError("the engine is closed; create a new HFEngine")
-            if req.rid in self._by_id:
-                raise EngineRequestError(
-                    f"request id {req.rid!r} is already running; use a unique request_id"
-                )
-            self._by_id[req.rid] = req
-            self._waiting.append(req)
-            self.stats["requests"] += 1
-            self._cv.notify_all()
+        self._enqueue(req, self.stats)
 
     def counts(self) -> dict[str, Any]:
         with self._cv:
@@ -146,25 +125,15 @@ class Scheduler:
         self._thread.join(timeout)
 
     def abort(self, rid: str) -> bool:
-        """Flag a live request for abort (any thread); False if unknown or already finished.
-
-        A request whose caller cancelled its future is still live until the engine drops it: a
-        cancelled ``generate`` aborts it this way, so it stops decoding at the next step.
-        """
-        with self._cv:
-            req = self._by_id.get(rid)
-            if req is None or (req.future.done() and not req.future.cancelled()):
-                return False
-            req.abort_requested = True
-            self._cv.notify_all()
-            return True
+        """Flag a live request for abort (any thread); False if unknown or already finished."""
+        return self._flag_abort(rid)
 
     def queue_update(self, apply: Callable[[], int], drain: bool) -> concurrent.futures.Future[int]:
         """Run ``apply`` in the engine thread between two steps (after the batch empties if ``drain``)."""
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
         with self._cv:
             if self._closed:
-                raise EngineUnavailableError("the engine is closed; create a new HFEngine")
+                raise self._closed_error()
             self._updates.append(Update(apply, fut, drain))
             self._cv.notify_all()
         return fut
@@ -184,23 +153,10 @@ class Scheduler:
     def _loop(self) -> None:
         if self.num_threads:
             torch.set_num_threads(self.num_threads)  # this thread's intra-op team only
-        while True:
-            with self._cv:
-                while not (
-                    self._closed or self._waiting or self._running or self._updates or self._aborts_pending()
-                ):
-                    self._cv.wait()
-                if self._closed:
-                    break
-            try:
-                self._iteration()
-            except Exception as e:  # a model failure must not kill the engine: fail the batch, keep serving
-                log.exception("engine step failed")
-                self._fail_running(EngineUnavailableError(f"engine step failed: {type(e).__name__}: {e}"))
-        self._shutdown()
+        super()._loop()
 
-    def _aborts_pending(self) -> bool:
-        return any(r.abort_requested for r in self._by_id.values())
+    def _has_work(self) -> bool:
+        return super()._has_work() or any(r.abort_requested for r in self._by_id.values())
 
     @torch.no_grad()  # inference only: no autograd graph may link the KV cache across steps
     def _iteration(self) -> None:
@@ -260,26 +216,12 @@ class Scheduler:
         resolve(req.future, gen)
 
     def _fail_running(self, exc: EngineUnavailableError) -> None:
-        for r in self._running:
-            with self._cv:
-                self._by_id.pop(r.rid, None)
-            resolve(r.future, exc=exc)
-        self._running = []
+        super()._fail_running(exc)
         self._kv = None
 
     def _shutdown(self) -> None:
-        with self._cv:
-            pending = self._waiting + self._running
-            self._waiting = []
-        for r in pending:
-            self._finish(r, "abort")
-        self._running = []
+        super()._shutdown()
         self._kv = None
-        for upd in self._updates:
-            resolve(
-                upd.future,
-                exc=EngineUnavailableError("the engine was closed before the weight update applied"),
-            )
 
     def _admit(self) -> None:
         with self._cv:

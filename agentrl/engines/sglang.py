@@ -14,7 +14,6 @@ retried. Weight updates are never retried. Sync code calls the coroutines throug
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import uuid
 from collections.abc import Iterable, Mapping
@@ -29,12 +28,12 @@ from agentrl.engines.errors import (
     EngineRequestError,
     EngineTimeoutError,
     EngineUnavailableError,
-    UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
-from agentrl.engines.http_client import HTTPEngineClient
-from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, run_sync
+from agentrl.engines.protocol import FinishReason, Generation, run_sync
+from agentrl.engines.remote import RemoteEngine
+from agentrl.engines.weight_groups import GroupJoin, WeightBucket
 from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
 from agentrl.httpkit import StatusMap
 from agentrl.types import SamplingParams
@@ -80,9 +79,17 @@ def _int_version(v: Any, default: int) -> int:
         return default
 
 
-class SGLangEngine(HTTPEngineClient):
+class SGLangEngine(RemoteEngine):
     """Engine protocol over HTTP (see the module docstring). ``base_url`` like ``http://127.0.0.1:30000``."""
 
+    _ABORT_PATH = "/abort_request"
+    _STATE_DICT_REFUSAL = (
+        "is a remote engine and cannot take an in-process state dict; write it with save_weights_dir "
+        "and call update_weights_from_path, or broadcast it through connect_weights_update_group + "
+        "broadcast_weights"
+    )
+
+    # The client options spelled out again (not **kwargs) so the signature documents them.
     def __init__(
         self,
         base_url: str,
@@ -99,14 +106,10 @@ class SGLangEngine(HTTPEngineClient):
             connect_timeout_s=connect_timeout_s,
             retries=retries,
             api_key=api_key,
+            weight_version=weight_version,
         )
-        self._version = weight_version
         self._groups: dict[str, Any] = {}
         self._joined: set[str] = set()  # weight groups the server joined for this client; close() leaves them
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
 
     def _raise_for(self, resp: httpx.Response, path: str) -> None:
         _ERRORS.raise_for(resp.status_code, resp.content, f"{self.base_url}{path}")
@@ -124,13 +127,7 @@ class SGLangEngine(HTTPEngineClient):
             "return_logprob": True,
             "rid": rid,
         }
-        try:
-            resp = await self._call("POST", "/generate", body)
-        except (EngineTimeoutError, asyncio.CancelledError):
-            await self._abort_quietly(rid)
-            raise
-        self._raise_for(resp, "/generate")
-        return self._generation(resp.json(), rid, len(input_ids))
+        return self._generation(await self._post_generation("/generate", body, rid), rid, len(input_ids))
 
     def _generation(self, out: dict[str, Any], rid: str, prompt_len: int) -> Generation:
         meta = out.get("meta_info", {})
@@ -157,21 +154,8 @@ class SGLangEngine(HTTPEngineClient):
             meta={"cached_tokens": meta.get("cached_tokens", 0), "e2e_s": meta.get("e2e_latency", 0.0)},
         )
 
-    async def _abort_quietly(self, rid: str) -> None:
-        with contextlib.suppress(EngineError, asyncio.CancelledError):
-            await asyncio.shield(self._call("POST", "/abort_request", {"rid": rid}, timeout_s=10.0))
-
-    async def abort(self, request_id: str) -> bool:
-        """Ask the server to stop a request; its ``generate`` returns the partial output ("abort")."""
-        resp = await self._call("POST", "/abort_request", {"rid": request_id}, timeout_s=30.0)
-        self._raise_for(resp, "/abort_request")
-        return True
-
-    async def health(self) -> dict[str, Any]:
-        resp = await self._call("GET", "/health", idempotent=True, timeout_s=30.0)
-        if resp.status_code != 200:
-            return {"status": "unhealthy", "http_status": resp.status_code, "url": self.base_url}
-        return {"status": "ok", "url": self.base_url, "weight_version": self._version}
+    def _abort_body(self, request_id: str) -> dict[str, Any]:
+        return {"rid": request_id}
 
     async def model_info(self) -> dict[str, Any]:
         resp = await self._call("GET", "/get_model_info", idempotent=True, timeout_s=30.0)
@@ -206,21 +190,6 @@ class SGLangEngine(HTTPEngineClient):
             state_dict, group_name=group_name, bucket_bytes=bucket_bytes, version=version
         )
 
-    @property
-    def capabilities(self) -> EngineCapabilities:
-        """A path the server can read, or a ``torch.distributed`` group; no in-process state dict."""
-        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=True)
-
-    async def update_weights_from_state_dict(
-        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
-    ) -> int:
-        """Not served: the engine runs in another process (use a checkpoint path or a group)."""
-        raise UnsupportedWeightUpdateError(
-            f"{self.base_url} is a remote engine and cannot take an in-process state dict; write it "
-            "with save_weights_dir and call update_weights_from_path, or broadcast it through "
-            "connect_weights_update_group + broadcast_weights"
-        )
-
     async def update_weights_from_path(
         self, path: str | os.PathLike[str], *, version: int | None = None
     ) -> int:
@@ -230,7 +199,7 @@ class SGLangEngine(HTTPEngineClient):
     async def update_weights_from_disk(
         self, path: str | os.PathLike[str], *, version: int | None = None, abort_all_requests: bool = False
     ) -> int:
-        new_version = self._version + 1 if version is None else version
+        new_version = self._next_version(version)
         body = {
             "model_path": str(path),
             "weight_version": str(new_version),
@@ -251,57 +220,36 @@ class SGLangEngine(HTTPEngineClient):
         message = body.get("message") or (body.get("error") or {}).get("message") or resp.text
         raise WeightUpdateError(f"{self.base_url}{path} rejected the update ({resp.status_code}): {message}")
 
-    # Engine-side calls, one per SGLang endpoint, with HFEngine's signatures (the caller owns rank 0).
+    # Engine-side calls, one per SGLang endpoint: WeightGroupEngine's hooks (the caller owns rank 0).
 
-    async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "gloo",
-        timeout_s: float = 60.0,
-    ) -> None:
+    async def _join_weight_group(self, join: GroupJoin) -> None:
         """``/init_weights_update_group``: the server joins the group as ``rank_offset`` (returns when joined)."""
         body = {
-            "master_address": master_address,
-            "master_port": master_port,
-            "rank_offset": rank_offset,
-            "world_size": world_size,
-            "group_name": group_name,
-            "backend": backend,
+            "master_address": join.master_address,
+            "master_port": join.master_port,
+            "rank_offset": join.rank_offset,
+            "world_size": join.world_size,
+            "group_name": join.group_name,
+            "backend": join.backend,
         }
-        resp = await self._call("POST", "/init_weights_update_group", body, timeout_s=timeout_s + 10)
+        resp = await self._call("POST", "/init_weights_update_group", body, timeout_s=join.timeout_s + 10)
         self._raise_weight_update(resp, "/init_weights_update_group")
-        self._joined.add(group_name)
+        self._joined.add(join.group_name)
 
-    async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: int | str | None = None,
-        timeout_s: float | None = None,
-    ) -> int:
-        """``/update_weights_from_distributed``: announce one bucket; rank 0 broadcasts it meanwhile.
-
-        Returns the engine's version afterwards (``weight_version`` once a committing call succeeds).
-        """
+    async def _receive_weights(self, bucket: WeightBucket) -> int:
+        """``/update_weights_from_distributed``: announce one bucket; rank 0 broadcasts it meanwhile."""
         body = {
-            "names": list(names),
-            "dtypes": list(dtypes),
-            "shapes": [list(x) for x in shapes],
-            "group_name": group_name,
-            "flush_cache": flush_cache,
-            "weight_version": None if weight_version is None else str(weight_version),
+            "names": list(bucket.names),
+            "dtypes": list(bucket.dtypes),
+            "shapes": [list(x) for x in bucket.shapes],
+            "group_name": bucket.group_name,
+            "flush_cache": bucket.flush_cache,
+            "weight_version": None if bucket.weight_version is None else str(bucket.weight_version),
         }
-        resp = await self._call("POST", "/update_weights_from_distributed", body, timeout_s=timeout_s)
+        resp = await self._call("POST", "/update_weights_from_distributed", body, timeout_s=bucket.timeout_s)
         self._raise_weight_update(resp, "/update_weights_from_distributed")
-        if flush_cache:
-            self._version = self._version + 1 if weight_version is None else int(weight_version)
+        if bucket.flush_cache:
+            self._version = self._next_version(bucket.weight_version)
         return self._version
 
     # Trainer-side helpers: rank 0 of the group, bucketed broadcast.
@@ -363,7 +311,7 @@ class SGLangEngine(HTTPEngineClient):
                 f"no weight update group {group_name!r}; call connect_weights_update_group(...) first"
             )
         deadline = timeout_s or self.timeout_s
-        new_version = self._version + 1 if version is None else version
+        new_version = self._next_version(version)
         buckets = list(bucket_tensors(named_tensors, bucket_bytes))
         if not buckets:
             raise WeightUpdateError("the weight update is empty; pass at least one named tensor")
@@ -384,7 +332,8 @@ class SGLangEngine(HTTPEngineClient):
             await post
         return self._version
 
-    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+    async def _leave_weight_group(self, group_name: str) -> None:
+        """``/destroy_weights_update_group``; the group's rank 0 here, if any, is destroyed too."""
         from agentrl.engines.weights import destroy_weight_update_group
 
         self._joined.discard(group_name)

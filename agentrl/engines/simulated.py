@@ -33,7 +33,7 @@ What is simulated, and how:
 - **Weight updates** (state dict or safetensors path) are applied by the engine thread
   between two steps, after waiting ``update_s`` seconds (decoding stalls meanwhile), so
   every token carries the version in force when its step sampled it. The distributed path is
-  not served (``capabilities.distributed`` is False).
+  not served (``capabilities.distributed`` is False; :class:`WeightGroupEngine`'s calls refuse it).
 
 ``stats`` accounts the simulated time: ``simulated_s`` is the sum of every step's
 ``step_s + per_request_s * n``, and ``overrun_steps`` counts the steps whose sampling took
@@ -61,16 +61,14 @@ from typing import Any
 
 import torch
 
+from agentrl.engines.engine_thread import EngineThread, resolve
 from agentrl.engines.errors import (
-    EngineRequestError,
     EngineUnavailableError,
     InvalidSamplingError,
-    UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
 from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, check_prompt
-from agentrl.engines.scheduler import resolve
 from agentrl.engines.simulated_model import (
     Distribution,
     LengthFn,
@@ -79,6 +77,7 @@ from agentrl.engines.simulated_model import (
     check_logits,
     zipf_logits,
 )
+from agentrl.engines.weight_groups import WeightGroupEngine
 from agentrl.engines.weights import load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
@@ -113,7 +112,7 @@ class _Update:
     future: concurrent.futures.Future[int]
 
 
-class SimulatedEngine:
+class SimulatedEngine(WeightGroupEngine, EngineThread[_Request, _Update]):
     """A simulated continuous-batching engine for benchmarks (see the module docstring).
 
     ``vocab_size``: token ids are ``[0, vocab_size)`` (give a tokenizer's ``len(tokenizer)`` to
@@ -123,6 +122,9 @@ class SimulatedEngine:
     ``max_new_tokens`` end it). ``logits`` are the simulated model's weights (default: a Zipf
     distribution seeded by ``seed``, which also seeds requests without their own seed).
     """
+
+    engine_name = "SimulatedEngine"
+    step_failed = "simulated engine step failed"
 
     def __init__(
         self,
@@ -168,12 +170,7 @@ class SimulatedEngine:
             "overrun_steps": 0,
             "updates": 0,
         }
-        self._cv = threading.Condition()
-        self._waiting: list[_Request] = []
-        self._running: list[_Request] = []
-        self._by_id: dict[str, _Request] = {}
-        self._updates: list[_Update] = []
-        self._closed = False
+        self._init_queues()
         self._stop = threading.Event()  # set by close(): ends a step's or an update's wait early
         self._thread = threading.Thread(target=self._loop, name="agentrl-simulated-engine", daemon=True)
         self._thread.start()
@@ -256,7 +253,7 @@ class SimulatedEngine:
         fut: concurrent.futures.Future[int] = concurrent.futures.Future()
         with self._cv:
             if self._closed:
-                raise EngineUnavailableError("the engine is closed; create a new SimulatedEngine")
+                raise self._closed_error()
             self._updates.append(
                 _Update({k: t.detach().float().cpu() for k, t in tensors.items()}, version, fut)
             )
@@ -269,33 +266,6 @@ class SimulatedEngine:
         """Read a safetensors directory or file holding ``logits``; as above otherwise."""
         tensors = await asyncio.to_thread(load_safetensors_dir, Path(path))
         return await self.update_weights_from_state_dict(tensors, version=version)
-
-    async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "gloo",
-        timeout_s: float = 60.0,
-    ) -> None:
-        raise _no_distributed()
-
-    async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: int | None = None,
-        timeout_s: float = 300.0,
-    ) -> int:
-        raise _no_distributed()
-
-    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
-        raise _no_distributed()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; waiting and running requests end with ``"abort"``."""
@@ -321,16 +291,7 @@ class SimulatedEngine:
         rng = random.Random(params.seed if params.seed is not None else next(self._seeds))
         length = self._draw_length(rng) if self.output_lengths is not None else None
         fut: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        req = _Request(rid, prompt_tokens, params, rng, length, fut)
-        with self._cv:
-            if self._closed:
-                raise EngineUnavailableError("the engine is closed; create a new SimulatedEngine")
-            if rid in self._by_id:
-                raise EngineRequestError(f"request id {rid!r} is already running; use a unique request_id")
-            self._by_id[rid] = req
-            self._waiting.append(req)
-            self._stats["requests"] += 1
-            self._cv.notify_all()
+        self._enqueue(_Request(rid, prompt_tokens, params, rng, length, fut), self._stats)
         return fut
 
     def _draw_length(self, rng: random.Random) -> int:
@@ -351,37 +312,7 @@ class SimulatedEngine:
             )
         return len(ids)
 
-    def _flag_abort(self, rid: str) -> bool:
-        # A request is live while it is in _by_id: its future may already be cancelled (a caller's
-        # deadline cancels it through asyncio.wrap_future), and that request must still be stopped.
-        with self._cv:
-            req = self._by_id.get(rid)
-            if req is None:
-                return False
-            req.abort_requested = True
-            self._cv.notify_all()
-            return True
-
     # ------------------------------------------------------------------ engine thread
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not (self._closed or self._waiting or self._running or self._updates):
-                    self._cv.wait()
-                if self._closed:
-                    break
-            try:
-                self._iteration()
-            except Exception as e:  # a bug in one step must not kill the engine: fail the batch, keep serving
-                log.exception("simulated engine step failed")
-                failed, self._running = self._running, []
-                for r in failed:
-                    self._forget(r)
-                    resolve(
-                        r.future, exc=EngineUnavailableError(f"engine step failed: {type(e).__name__}: {e}")
-                    )
-        self._shutdown()
 
     def _iteration(self) -> None:
         """Apply updates, retire aborted requests, admit waiting ones, then one decode step."""
@@ -398,6 +329,7 @@ class SimulatedEngine:
         if self._running:
             self._step()
 
+    # Not the Scheduler's: a simulated update waits update_s and overwrites the logits; nothing drains.
     def _apply_updates(self) -> None:
         while True:
             with self._cv:
@@ -492,22 +424,3 @@ class SimulatedEngine:
                 },
             ),
         )
-
-    def _shutdown(self) -> None:
-        with self._cv:
-            pending, self._waiting, self._running = self._waiting + self._running, [], []
-            updates, self._updates = self._updates, []
-        for r in pending:
-            self._finish(r, "abort")
-        for upd in updates:
-            resolve(
-                upd.future,
-                exc=EngineUnavailableError("the engine was closed before the weight update applied"),
-            )
-
-
-def _no_distributed() -> UnsupportedWeightUpdateError:
-    return UnsupportedWeightUpdateError(
-        "SimulatedEngine does not serve weight updates over torch.distributed (its capabilities say so); "
-        "use update_weights_from_state_dict or update_weights_from_path"
-    )

@@ -29,19 +29,16 @@ two trainers updating one server would interleave their versions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
-import torch
 
 from agentrl.engines.errors import (
-    EngineError,
     EngineRequestError,
     EngineTimeoutError,
     EngineUnavailableError,
@@ -49,8 +46,9 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
-from agentrl.engines.http_client import HTTPEngineClient
-from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, check_prompt
+from agentrl.engines.protocol import FinishReason, Generation, check_prompt
+from agentrl.engines.remote import RemoteEngine
+from agentrl.engines.weight_groups import GroupJoin, WeightBucket
 from agentrl.types import SamplingParams
 
 __all__ = ["VLLMEngine", "checkpoint_manifest", "to_vllm_sampling"]
@@ -103,7 +101,7 @@ def model_limits(model_path: str | os.PathLike[str]) -> tuple[int, int]:
     return int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 4096))
 
 
-class VLLMEngine(HTTPEngineClient):
+class VLLMEngine(RemoteEngine):
     """Engine protocol over a vLLM server (see the module docstring).
 
     ``model_path`` is the local directory the server was started from: its ``config.json``
@@ -111,6 +109,15 @@ class VLLMEngine(HTTPEngineClient):
     ``--max-model-len`` if given) and its safetensors headers are what an update must match.
     """
 
+    _ABORT_PATH = "/abort_requests"
+    _STATE_DICT_REFUSAL = (
+        "is a vLLM server in another process and cannot take an in-process state dict; write it with "
+        "agentrl.trainer.weight_sync.save_weights_dir and call update_weights_from_path "
+        "(run.weight_sync='disk'), or broadcast it through a gloo group (run.weight_sync='broadcast')"
+    )
+    _HEALTH: ClassVar[dict[str, Any]] = {"engine": "vllm"}
+
+    # The client options spelled out again (not **kwargs) so the signature documents them.
     def __init__(
         self,
         base_url: str,
@@ -129,26 +136,18 @@ class VLLMEngine(HTTPEngineClient):
             connect_timeout_s=connect_timeout_s,
             retries=retries,
             api_key=api_key,
+            weight_version=weight_version,
         )
         self.model_path = str(model_path)
         self.vocab_size, positions = model_limits(model_path)
         self.max_context = max_context or positions
         self._manifest = checkpoint_manifest(model_path)
         self._good_path = self.model_path  # what the server holds now: the rollback target
-        self._version = self._initial_version = weight_version
+        self._initial_version = weight_version
         self._lock = asyncio.Lock()  # one update at a time (per loop; updates come from one owner)
         self._staged: dict[str, set[str]] = {}  # weight group -> names received since its last commit
         self._broken: str | None = None  # why this server must not serve (set by a failed rollback)
         self.stats = {"updates": 0, "rejected_updates": 0, "rollbacks": 0}
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    @property
-    def capabilities(self) -> EngineCapabilities:
-        """A safetensors path the server can read, or a gloo group; no in-process state dict."""
-        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=True)
 
     # ------------------------------------------------------------------ generation
 
@@ -163,13 +162,8 @@ class VLLMEngine(HTTPEngineClient):
         )
         rid = request_id or uuid.uuid4().hex
         body = {"token_ids": ids, "request_id": rid, "sampling_params": to_vllm_sampling(params)}
-        try:
-            resp = await self._call("POST", "/inference/v1/generate", body)
-        except (EngineTimeoutError, asyncio.CancelledError):
-            await self._abort_quietly(rid)
-            raise
-        self._raise_for(resp, "/inference/v1/generate")
-        return self._generation(resp.json(), rid, len(ids))
+        out = await self._post_generation("/inference/v1/generate", body, rid)
+        return self._generation(out, rid, len(ids))
 
     def _generation(self, out: dict[str, Any], rid: str, prompt_len: int) -> Generation:
         try:
@@ -229,25 +223,8 @@ class VLLMEngine(HTTPEngineClient):
             raise EngineRequestError(f"{where} refused the request ({resp.status_code}): {message}")
         raise EngineUnavailableError(f"{where} failed ({resp.status_code}): {message}")
 
-    async def _abort_quietly(self, rid: str) -> None:
-        with contextlib.suppress(EngineError, asyncio.CancelledError):
-            await asyncio.shield(
-                self._call("POST", "/abort_requests", {"request_ids": [_served_id(rid)]}, timeout_s=10.0)
-            )
-
-    async def abort(self, request_id: str) -> bool:
-        """Stop a request at the next step; its ``generate`` returns the partial output ("abort")."""
-        resp = await self._call(
-            "POST", "/abort_requests", {"request_ids": [_served_id(request_id)]}, timeout_s=30.0
-        )
-        self._raise_for(resp, "/abort_requests")
-        return True
-
-    async def health(self) -> dict[str, Any]:
-        resp = await self._call("GET", "/health", idempotent=True, timeout_s=30.0)
-        if resp.status_code != 200:
-            return {"status": "unhealthy", "http_status": resp.status_code, "url": self.base_url}
-        return {"status": "ok", "url": self.base_url, "engine": "vllm", "weight_version": self._version}
+    def _abort_body(self, request_id: str) -> dict[str, Any]:
+        return {"request_ids": [_served_id(request_id)]}
 
     async def model_info(self) -> dict[str, Any]:
         return {"model_path": self.model_path, "vocab_size": self.vocab_size, "max_context": self.max_context,
@@ -303,13 +280,24 @@ class VLLMEngine(HTTPEngineClient):
         self, path: str | os.PathLike[str], *, version: int | None = None
     ) -> int:
         """Reload all weights from a safetensors directory the server can read (see the module docstring)."""
-        new = self._version + 1 if version is None else int(version)
+        new = self._next_version(version)
         self._check_update(path)
+        await self._atomic_update(new, lambda: self._reload(str(path)), good_path=str(path))
+        return new
+
+    async def _atomic_update(
+        self, new: int, load: Callable[[], Awaitable[None]], *, good_path: str | None = None
+    ) -> None:
+        """Pause, ``load`` the new weights, reset the prefix cache, set version ``new``, resume.
+
+        A ``load`` that fails is rolled back (:meth:`_rollback`); ``good_path``, when given,
+        becomes the rollback target once the update is in.
+        """
         async with self._lock:
             await self._post_ok("/pause", None, "pausing generation", params={"mode": "keep"})
             try:
                 try:
-                    await self._reload(str(path))
+                    await load()
                 except WeightUpdateError:
                     self.stats["rollbacks"] += 1
                     await self._rollback()
@@ -318,12 +306,13 @@ class VLLMEngine(HTTPEngineClient):
                 await self._post_ok(
                     "/update_weight_version", {"new_version": str(new)}, "setting the version"
                 )
-                self._version, self._good_path = new, str(path)
+                self._version = new
+                if good_path is not None:
+                    self._good_path = good_path
                 self.stats["updates"] += 1
             finally:
                 if self._broken is None:  # a server holding mixed weights stays paused
                     await self._post_ok("/resume", None, "resuming generation")
-        return new
 
     async def _rollback(self) -> None:
         """Reload the last good weights after a failed reload; if that fails too, refuse to serve.
@@ -344,16 +333,6 @@ class VLLMEngine(HTTPEngineClient):
         body = {"method": "agentrl_reload", "kwargs": {"weights_path": path}, "timeout": self.timeout_s}
         await self._post_ok("/collective_rpc", body, f"reloading the weights from {path!r}")
 
-    async def update_weights_from_state_dict(
-        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
-    ) -> int:
-        """Not served: the server is another process (write the tensors with save_weights_dir first)."""
-        raise UnsupportedWeightUpdateError(
-            f"{self.base_url} is a vLLM server in another process and cannot take an in-process state dict; "
-            "write it with agentrl.trainer.weight_sync.save_weights_dir and call update_weights_from_path "
-            "(run.weight_sync='disk'), or broadcast it through a gloo group (run.weight_sync='broadcast')"
-        )
-
     async def _rpc(self, method: str, what: str, deadline_s: float | None = None, **kwargs: Any) -> Any:
         """One ``/collective_rpc`` call into agentrl's worker extension; the first worker's result."""
         body = {"method": method, "kwargs": kwargs, "timeout": deadline_s or self.timeout_s}
@@ -363,37 +342,19 @@ class VLLMEngine(HTTPEngineClient):
         results = (out or {}).get("results") or [None]
         return results[0]
 
-    async def init_weights_update_group(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "gloo",
-        timeout_s: float = 60.0,
-    ) -> None:
+    async def _join_weight_group(self, join: GroupJoin) -> None:
         """The server's worker joins the trainer's gloo group as ``rank_offset`` (returns when joined)."""
-        if backend != "gloo":
+        if join.backend != "gloo":
             raise UnsupportedWeightUpdateError(
-                f"backend {backend!r}: VLLMEngine's weight groups are gloo only so far (NCCL into vLLM's "
+                f"backend {join.backend!r}: VLLMEngine's weight groups are gloo only so far (NCCL into vLLM's "
                 "workers is not built); use backend='gloo' or run.weight_sync='disk'"
             )
-        await self._rpc("agentrl_join", f"joining weight group {group_name!r}", timeout_s + 10,
-                        master_address=master_address, master_port=master_port, rank=rank_offset,
-                        world_size=world_size, group_name=group_name, timeout_s=timeout_s)  # fmt: skip
-        self._staged[group_name] = set()
+        await self._rpc("agentrl_join", f"joining weight group {join.group_name!r}", join.timeout_s + 10,
+                        master_address=join.master_address, master_port=join.master_port, rank=join.rank_offset,
+                        world_size=join.world_size, group_name=join.group_name, timeout_s=join.timeout_s)  # fmt: skip
+        self._staged[join.group_name] = set()
 
-    async def update_weights_from_distributed(
-        self,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str = "weight_update_group",
-        flush_cache: bool = True,
-        weight_version: int | str | None = None,
-        timeout_s: float | None = None,
-    ) -> int:
+    async def _receive_weights(self, bucket: WeightBucket) -> int:
         """Receive one bucket (rank 0 broadcasts it meanwhile); the last one (``flush_cache``) applies them all.
 
         The commit is atomic like a path update: pause, one in-place reload of every staged
@@ -401,15 +362,16 @@ class VLLMEngine(HTTPEngineClient):
         served model lacks (or with another shape), or a commit that leaves tensors unsent, is
         received and then dropped: nothing changes and :class:`WeightUpdateError` is raised.
         """
+        group_name = bucket.group_name
         if group_name not in self._staged:
             raise WeightUpdateError(f"no weight group {group_name!r}; call init_weights_update_group first")
-        deadline = timeout_s or self.timeout_s
-        bad = [f"{n}: {tuple(sh)}" for n, sh in zip(names, shapes, strict=True)
+        deadline = bucket.timeout_s or self.timeout_s
+        bad = [f"{n}: {tuple(sh)}" for n, sh in zip(bucket.names, bucket.shapes, strict=True)
                if n != "lm_head.weight" and self._manifest.get(n) != tuple(sh)]  # fmt: skip
-        staged = self._staged[group_name] | set(names)
-        missing = sorted(set(self._manifest) - staged) if flush_cache else []
-        kwargs = {"names": list(names), "dtypes": list(dtypes), "shapes": [list(x) for x in shapes],
-                  "group_name": group_name, "timeout_s": deadline}  # fmt: skip
+        staged = self._staged[group_name] | set(bucket.names)
+        missing = sorted(set(self._manifest) - staged) if bucket.flush_cache else []
+        kwargs = {"names": list(bucket.names), "dtypes": list(bucket.dtypes),
+                  "shapes": [list(x) for x in bucket.shapes], "group_name": group_name, "timeout_s": deadline}  # fmt: skip
         if bad or missing:
             await self._rpc(
                 "agentrl_receive", "receiving a rejected bucket", deadline, commit=False, **kwargs
@@ -421,34 +383,21 @@ class VLLMEngine(HTTPEngineClient):
             raise WeightUpdateError(
                 f"weight update through {group_name!r} rejected: {why}; nothing was changed"
             )
-        if not flush_cache:
+        if not bucket.flush_cache:
             await self._rpc("agentrl_receive", "receiving a weight bucket", deadline, commit=False, **kwargs)
             self._staged[group_name] = staged
             return self._version
-        new = self._version + 1 if weight_version is None else int(weight_version)
-        async with self._lock:
-            await self._post_ok("/pause", None, "pausing generation", params={"mode": "keep"})
-            try:
-                self._staged[group_name] = set()
-                try:
-                    await self._rpc("agentrl_receive", "receiving and applying the weights", deadline,
-                                    commit=True, **kwargs)  # fmt: skip
-                except WeightUpdateError:
-                    self.stats["rollbacks"] += 1
-                    await self._rollback()
-                    raise
-                await self.flush_cache()
-                await self._post_ok(
-                    "/update_weight_version", {"new_version": str(new)}, "setting the version"
-                )
-                self._version = new
-                self.stats["updates"] += 1
-            finally:
-                if self._broken is None:
-                    await self._post_ok("/resume", None, "resuming generation")
+        new = self._next_version(bucket.weight_version)
+
+        async def commit() -> None:
+            self._staged[group_name] = set()
+            await self._rpc("agentrl_receive", "receiving and applying the weights", deadline,
+                            commit=True, **kwargs)  # fmt: skip
+
+        await self._atomic_update(new, commit)
         return new
 
-    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+    async def _leave_weight_group(self, group_name: str) -> None:
         self._staged.pop(group_name, None)
         await self._rpc("agentrl_leave", f"leaving weight group {group_name!r}", 60.0, group_name=group_name)
 

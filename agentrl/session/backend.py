@@ -13,7 +13,8 @@ An episode through either::
     ...
     trajectories = await sessions.close(sid)        # exact tokens, loss mask, logprobs, versions
 
-Errors are the :mod:`agentrl.session.errors` classes on both: a conversation that outgrew the
+Both implementations take the turn call from :class:`TurnCalls`, which hands its arguments on
+as one :class:`TurnRequest`. Errors are the :mod:`agentrl.session.errors` classes on both: a conversation that outgrew the
 context is a :class:`~agentrl.session.errors.ContextFullError` (the model's error, which the
 rollout keeps); any other :class:`~agentrl.session.errors.SessionError` is infrastructure.
 """
@@ -25,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentrl.types import Message, SamplingParams, ToolSpec, Trajectory
 
-__all__ = ["ChatResult", "SessionBackend"]
+__all__ = ["ChatResult", "SessionBackend", "TurnCalls", "TurnRequest"]
 
 
 @dataclass
@@ -72,6 +73,7 @@ class SessionBackend(Protocol):
         """Open a session; its id (a fresh one unless given)."""
         ...
 
+    # The contract; both implementations inherit TurnCalls.chat_completion below.
     async def chat_completion(
         self,
         session_id: str,
@@ -107,3 +109,42 @@ class SessionBackend(Protocol):
     async def aclose(self) -> None:
         """Release what the backend holds (connections); sessions still open are left as they are."""
         ...
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One assistant turn's arguments: the whole conversation so far, its tools and how to sample the reply.
+
+    ``stop`` strings end the reply at their first occurrence; ``template_kwargs`` go to the chat
+    template (over the family's own).
+    """
+
+    messages: list[Message]
+    tools: list[ToolSpec] | None = None
+    sampling: SamplingParams | None = None
+    stop: list[str] | None = None
+    template_kwargs: dict[str, Any] | None = None
+
+
+class TurnCalls:
+    """``chat_completion`` written once for every backend: its arguments become one :class:`TurnRequest`.
+
+    An implementation inherits it and answers ``_turn(session_id, turn)``.
+    """
+
+    # SessionBackend states this signature as the contract; this is its one implementation.
+    async def chat_completion(
+        self,
+        session_id: str,
+        messages: list[Message],
+        tools: list[ToolSpec] | None = None,
+        sampling: SamplingParams | None = None,
+        *,
+        stop: list[str] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> ChatResult:
+        """One assistant turn on ``messages``, the whole conversation so far."""
+        return await self._turn(session_id, TurnRequest(messages, tools, sampling, stop, template_kwargs))
+
+    async def _turn(self, session_id: str, turn: TurnRequest) -> ChatResult:
+        raise NotImplementedError

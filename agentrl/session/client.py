@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from agentrl.httpkit import StatusMap
-from agentrl.session.backend import ChatResult
+from agentrl.session.backend import ChatResult, TurnCalls, TurnRequest
 from agentrl.session.errors import (
     ContextFullError,
     SessionEngineError,
@@ -103,7 +103,7 @@ def _trajectories(out: dict[str, Any]) -> list[Trajectory]:
     return [Trajectory.model_validate(t) for t in out["trajectories"]]
 
 
-class AsyncSessionClient:
+class AsyncSessionClient(TurnCalls):
     """A session server's API as a :class:`~agentrl.session.backend.SessionBackend` (module docstring).
 
     ``timeout_s`` bounds every request (a turn included), ``connect_timeout_s`` every connect;
@@ -165,23 +165,14 @@ class AsyncSessionClient:
         """The session's key, as the server returned it when this client created the session."""
         return self._keys.get(session_id)
 
-    async def chat_completion(
-        self,
-        session_id: str,
-        messages: list[Message],
-        tools: list[ToolSpec] | None = None,
-        sampling: SamplingParams | None = None,
-        *,
-        stop: list[str] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> ChatResult:
-        """One assistant turn on the server (``messages`` is the whole conversation so far)."""
-        fields = _sampling_fields(sampling)
-        if stop:
-            fields["stop"] = list(stop)
-        if template_kwargs:
-            fields["chat_template_kwargs"] = dict(template_kwargs)
-        out = await self.request_chat(session_id, messages, tools, **fields)
+    async def _turn(self, session_id: str, turn: TurnRequest) -> ChatResult:
+        """One assistant turn on the server (``chat_completion``; the messages are the whole conversation)."""
+        fields = _sampling_fields(turn.sampling)
+        if turn.stop:
+            fields["stop"] = list(turn.stop)
+        if turn.template_kwargs:
+            fields["chat_template_kwargs"] = dict(turn.template_kwargs)
+        out = await self.request_chat(session_id, turn.messages, turn.tools, **fields)
         try:
             choice = out["choices"][0]
             extra = out.get("agentrl") or {}
@@ -208,6 +199,7 @@ class AsyncSessionClient:
         self._keys.pop(session_id, None)
         return _trajectories(out)
 
+    # SessionBackend's signature; only the call's shape is shared with SessionManager.tokenize.
     async def tokenize(
         self,
         messages: list[Message],

@@ -11,19 +11,19 @@
 It implements :class:`~agentrl.session.backend.SessionBackend` (every call awaited), as the
 HTTP client of a session server does.
 
-Each ``chat`` call compares the messages with the session's history. If they
-extend it, only the appended messages are tokenized (see
-:mod:`agentrl.session.incremental`) and appended to the ledger as prompt tokens;
-otherwise the history *diverged* (edited, truncated, reordered, tools changed, an
+Each ``chat`` call compares the messages with the session's history
+(:mod:`agentrl.session.history`). If they extend it, only the appended messages are
+tokenized (see :mod:`agentrl.session.incremental`) and appended to the ledger as prompt
+tokens; otherwise the history *diverged* (edited, truncated, reordered, tools changed, an
 assistant turn the engine did not produce): a new segment starts from a full
 render, and ``tito/divergences`` counts it. The engine's reply is appended as
-sampled tokens, exactly as sampled, and parsed into the returned message.
+sampled tokens, exactly as sampled (up to a stop string, :mod:`agentrl.session.stops`),
+and parsed into the returned message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 import uuid
@@ -35,17 +35,18 @@ from typing import Any
 from agentrl.engines.errors import ContextLengthError, EngineRequestError
 from agentrl.engines.protocol import Engine, Generation, TokenDelta, stream_generate
 from agentrl.session.audit import AuditReport, audit_segment
-from agentrl.session.backend import ChatResult
+from agentrl.session.backend import ChatResult, TurnCalls, TurnRequest
 from agentrl.session.errors import (
     ContextFullError,
-    LedgerError,
     SessionEngineError,
     SessionRequestError,
     UnknownSessionError,
 )
 from agentrl.session.families import Family, detect_family, get_family
+from agentrl.session.history import plan_turn, same_message, turn_prompt
 from agentrl.session.incremental import IncrementalTokenizer
-from agentrl.session.ledger import Ledger, Segment, Turn
+from agentrl.session.ledger import Ledger, Turn
+from agentrl.session.stops import cut_at_stop
 from agentrl.types import Message, SamplingParams, ToolSpec, Trajectory
 
 __all__ = ["ChatResult", "SessionManager", "same_message"]
@@ -62,52 +63,7 @@ class _Session:
     """Per-dialect state kept with the session (e.g. stored Responses for ``previous_response_id``)."""
 
 
-def _norm(s: str | None) -> str:
-    return (s or "").strip()
-
-
-def _calls_key(m: Message) -> list[tuple[str, Any]]:
-    out = []
-    for c in m.tool_calls or []:
-        try:
-            args: Any = json.loads(c.function.arguments)
-        except json.JSONDecodeError:
-            args = c.function.arguments
-        out.append((c.function.name, args))
-    return out
-
-
-def same_message(stored: Message, sent: Message) -> bool:
-    """Whether the agent's copy of a message matches the ledger's.
-
-    Assistant turns compare role, tool-call names and JSON-equal arguments, stripped
-    content (unless the agent sent ``None`` for a turn with tool calls), and reasoning
-    only if the agent sent it back (agents often drop both; the ledger keeps the
-    model's own tokens either way). Other messages must be equal.
-    """
-    if stored.role != sent.role:
-        return False
-    if stored.role == "assistant":
-        if _calls_key(stored) != _calls_key(sent):
-            return False
-        content_dropped = sent.content is None and bool(stored.tool_calls)  # agents often drop it
-        if not content_dropped and _norm(stored.content) != _norm(sent.content):
-            return False
-        return sent.reasoning_content is None or _norm(sent.reasoning_content) == _norm(
-            stored.reasoning_content
-        )
-    return (
-        (stored.content or "") == (sent.content or "")
-        and stored.tool_call_id == sent.tool_call_id
-        and stored.name == sent.name
-    )
-
-
-def _tools_key(tools: list[ToolSpec] | None) -> str:
-    return json.dumps([t.model_dump(exclude_none=True) for t in tools or []], sort_keys=True)
-
-
-class SessionManager:
+class SessionManager(TurnCalls):
     """Token-ledger sessions over one tokenizer, one chat-template family and one engine.
 
     ``family`` is a family name or :class:`Family` (detected from the tokenizer when
@@ -226,6 +182,7 @@ class SessionManager:
         }
 
     # ---------------------------------------------------------------- tokenize
+    # SessionBackend's signature; only the call's shape is shared with AsyncSessionClient.tokenize.
     async def tokenize(
         self,
         messages: list[Message],
@@ -240,27 +197,6 @@ class SessionManager:
         )
 
     # ---------------------------------------------------------------- turns
-    def _plan(
-        self, seg: Segment | None, msgs: list[Message], tools: list[ToolSpec] | None, kwargs: dict[str, Any]
-    ) -> tuple[list[Message] | None, str | None]:
-        """``(appended, None)`` if ``msgs`` extends the segment, else ``(None, reason)``."""
-        if seg is None or not seg.turns:
-            return None, None
-        if _tools_key(seg.tools) != _tools_key(tools):
-            return None, "tools_changed"
-        if seg.template_kwargs != kwargs:
-            return None, "template_kwargs_changed"
-        n = len(seg.messages)
-        if len(msgs) < n:
-            return None, "truncated"
-        for stored, sent in zip(seg.messages, msgs, strict=False):
-            if not same_message(stored, sent):
-                return None, "edited"
-        appended = msgs[n:]
-        if any(m.role == "assistant" for m in appended):
-            return None, "foreign_assistant"
-        return appended, None
-
     def _sampling(self, sampling: SamplingParams | None) -> SamplingParams:
         sp = sampling or SamplingParams.model_validate({})
         stops = sorted(set(sp.stop_token_ids) | set(self.tok.stop_token_ids))
@@ -277,17 +213,8 @@ class SessionManager:
         """Run one assistant turn and return the parsed reply (see :meth:`chat_completion`)."""
         return (await self.chat_completion(session_id, messages, tools, sampling, **kwargs)).message
 
-    async def chat_completion(
-        self,
-        session_id: str,
-        messages: list[Message],
-        tools: list[ToolSpec] | None = None,
-        sampling: SamplingParams | None = None,
-        *,
-        stop: list[str] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> ChatResult:
-        """Run one assistant turn on ``messages`` (the whole conversation so far).
+    async def _turn(self, session_id: str, turn: TurnRequest) -> ChatResult:
+        """Run one assistant turn (``chat_completion``; the messages are the whole conversation so far).
 
         ``stop`` strings end the reply at their first occurrence; the ledger keeps
         the sampled tokens up to the one that completed the stop string. Raises
@@ -295,18 +222,28 @@ class SessionManager:
         tokenized incrementally, SessionEngineError when the engine fails (nothing
         is committed then; the turn can be retried).
         """
-        sess, kwargs, tools = self._check_turn(session_id, messages, tools, template_kwargs)
-        sampling = self.turn_sampling(session_id, sampling)
+        sess, kwargs, tools, sampling = self._check_turn(session_id, turn)
+        messages = turn.messages
         async with sess.lock:
             appended, reason, input_ids, prompt_add = self._begin(sess, messages, tools, kwargs)
-            gen = await self._generate(session_id, input_ids, self._sampling(sampling))
+            gen = await self._generate(session_id, input_ids, sampling)
             # commit: nothing above touched the ledger
             res = self._commit(
-                session_id, sess, appended is None, reason, tools, kwargs, messages, prompt_add, gen, stop
+                session_id,
+                sess,
+                appended is None,
+                reason,
+                tools,
+                kwargs,
+                messages,
+                prompt_add,
+                gen,
+                turn.stop,
             )
             res.prompt_tokens = len(input_ids)
             return res
 
+    # chat_completion's arguments (TurnCalls), here as a stream: deltas, then the ChatResult
     async def chat_stream(
         self,
         session_id: str,
@@ -325,8 +262,8 @@ class SessionManager:
         Errors are raised as by :meth:`chat_completion`, before the first delta when the engine
         rejects the prompt.
         """
-        sess, kwargs, tools = self._check_turn(session_id, messages, tools, template_kwargs)
-        sampling = self.turn_sampling(session_id, sampling)
+        turn = TurnRequest(messages, tools, sampling, stop, template_kwargs)
+        sess, kwargs, tools, sampling = self._check_turn(session_id, turn)
         async with sess.lock:
             appended, reason, input_ids, prompt_add = self._begin(sess, messages, tools, kwargs)
             gen: Generation | None = None
@@ -334,7 +271,7 @@ class SessionManager:
             stream = stream_generate(
                 self.engine,
                 input_ids,
-                self._sampling(sampling),
+                sampling,
                 request_id=f"{session_id}-{uuid.uuid4().hex[:8]}",
             )
             # one deadline for the turn, checked at every wait for the engine, so it fires in here
@@ -378,16 +315,15 @@ class SessionManager:
         return sampling
 
     def _check_turn(
-        self,
-        session_id: str,
-        messages: list[Message],
-        tools: list[ToolSpec] | None,
-        template_kwargs: dict[str, Any] | None,
-    ) -> tuple[_Session, dict[str, Any], list[ToolSpec] | None]:
+        self, session_id: str, turn: TurnRequest
+    ) -> tuple[_Session, dict[str, Any], list[ToolSpec] | None, SamplingParams]:
+        """The turn's session, template kwargs, tools and sampling (with the template's stop ids)."""
         sess = self._get(session_id)
-        if not messages:
+        if not turn.messages:
             raise SessionRequestError("messages is empty; send at least one message")
-        return sess, {**self.family.template_kwargs, **(template_kwargs or {})}, tools or None
+        kwargs = {**self.family.template_kwargs, **(turn.template_kwargs or {})}
+        sampling = self._sampling(self.turn_sampling(session_id, turn.sampling))
+        return sess, kwargs, turn.tools or None, sampling
 
     def _begin(
         self, sess: _Session, messages: list[Message], tools: list[ToolSpec] | None, kwargs: dict[str, Any]
@@ -395,31 +331,12 @@ class SessionManager:
         """Plan the turn (extend or diverge) and tokenize its prompt; touches nothing."""
         seg = sess.ledger.current
         t0 = time.perf_counter()
-        appended, reason = self._plan(seg, messages, tools, kwargs)
-        base, prompt_add = self._prompt(
-            seg if appended is not None else None, appended, tools, kwargs, messages
+        appended, reason = plan_turn(seg, messages, tools, kwargs)
+        base, prompt_add = turn_prompt(
+            self.tok, seg if appended is not None else None, appended, tools, kwargs, messages
         )
         self.timers["tito/tokenize_seconds"] += time.perf_counter() - t0
         return appended, reason, base + prompt_add, prompt_add
-
-    def _prompt(
-        self,
-        seg: Segment | None,
-        appended: list[Message] | None,
-        tools: list[ToolSpec] | None,
-        kwargs: dict[str, Any],
-        messages: list[Message],
-    ) -> tuple[list[int], list[int]]:
-        """``(ledger tokens kept, prompt tokens to add)``: a bridge after ``seg``, else a full render."""
-        if appended is None or seg is None:
-            return [], self.tok.prompt_ids(messages, tools, kwargs)
-        last = seg.messages[-1] if seg.messages and seg.messages[-1].role == "assistant" else None
-        if last is None:
-            raise LedgerError("a segment with turns must end with the assistant reply")
-        bridge = self.tok.bridge_ids(
-            last, appended, tools, kwargs, seg.last_stop, turn_index=len(seg.messages) - 1
-        )
-        return seg.token_ids, bridge
 
     def _commit(
         self,
@@ -436,7 +353,9 @@ class SessionManager:
     ) -> ChatResult:
         """Append the turn (prompt tokens, then the sampled ones) to the ledger; the parsed reply."""
         led = sess.ledger
-        out, lps, vers, finish, last_stop, text, stop_string = self._cut(gen, stop)
+        out, lps, vers, finish, last_stop, text, stop_string = cut_at_stop(self.tok, gen, stop)
+        if stop_string is not None:
+            self.counters["tito/stop_string_cuts"] += 1
         if new_segment or led.current is None:
             if reason is not None:
                 led.divergences[reason] = led.divergences.get(reason, 0) + 1
@@ -535,42 +454,6 @@ class SessionManager:
                 f"the engine returned {n} tokens but {len(gen.logprobs)} logprobs and "
                 f"{len(gen.weight_versions)} weight versions; nothing was recorded"
             )
-
-    def _cut(
-        self, gen: Generation, stop: list[str] | None
-    ) -> tuple[list[int], list[float], list[int], str, int | None, str | None, str | None]:
-        """Apply stop strings; return tokens, logprobs, versions, finish, final stop token, text,
-        and the stop string that cut the reply (``text`` and it are ``None`` without a cut)."""
-        out = list(gen.output_ids)
-        lps = [float(x) for x in gen.logprobs]
-        vers = list(gen.weight_versions) if gen.weight_versions else [gen.weight_version] * len(out)
-        finish: str = gen.finish_reason
-        stop_set = set(self.tok.stop_token_ids)
-        last_stop = out[-1] if finish == "stop" and out and out[-1] in stop_set else None
-        stops = [s for s in stop or [] if s]
-        if not stops:
-            return out, lps, vers, finish, last_stop, None, None
-        body = out[:-1] if last_stop is not None else out
-        text = self.tok.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        hits = [(text.find(s), s) for s in stops if s in text]
-        if not hits:
-            return out, lps, vers, finish, last_stop, None, None
-        idx, s = min(hits)
-        need = idx + len(s)
-        lo, hi = 1, len(body)  # smallest k whose decoded prefix contains the stop string
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (
-                s
-                in self.tok.tokenizer.decode(
-                    body[:mid], skip_special_tokens=True, clean_up_tokenization_spaces=False
-                )[: need + 8]
-            ):
-                hi = mid
-            else:
-                lo = mid + 1
-        self.counters["tito/stop_string_cuts"] += 1
-        return body[:lo], lps[:lo], vers[:lo], "stop", None, text[:idx], s
 
     # ---------------------------------------------------------------- audit
     def audit(self, session_id: str) -> list[AuditReport]:

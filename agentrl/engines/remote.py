@@ -1,0 +1,111 @@
+"""RemoteEngine: the engine-level half both HTTP engine clients share (``SGLangEngine``, ``VLLMEngine``).
+
+What is the same for an engine in another process, whatever server it is: the weight version
+this client last saw or set, the capabilities (a checkpoint path or a weight group, never an
+in-process state dict), a generation that is aborted on the server when its caller times out
+or is cancelled, abort, and health. Each subclass names its server's paths and bodies
+(``_ABORT_PATH``, ``_abort_body``), maps its server's errors (``_raise_for``) and implements
+the weight-group hooks of :class:`~agentrl.engines.weight_groups.WeightGroupEngine`. The
+HTTP plumbing (pools, deadlines, retries) is :class:`~agentrl.engines.http_client.HTTPEngineClient`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from agentrl.engines.errors import EngineError, EngineTimeoutError, UnsupportedWeightUpdateError
+from agentrl.engines.http_client import HTTPEngineClient
+from agentrl.engines.protocol import EngineCapabilities
+from agentrl.engines.weight_groups import WeightGroupEngine
+
+if TYPE_CHECKING:
+    import httpx
+    import torch
+
+__all__ = ["RemoteEngine"]
+
+
+class RemoteEngine(HTTPEngineClient, WeightGroupEngine):
+    """An engine served by another process over HTTP (see the module docstring)."""
+
+    _ABORT_PATH: ClassVar[str]
+    """The server's abort route (``_abort_body`` is its body)."""
+    _STATE_DICT_REFUSAL: ClassVar[str]
+    """Why the server cannot take an in-process state dict and what to do instead (after its URL)."""
+    _HEALTH: ClassVar[dict[str, Any]] = {}
+    """What ``health`` adds about the server (e.g. its kind)."""
+
+    # HTTPEngineClient's options spelled out again (not **kwargs) so the signature documents them.
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        retries: int = 3,
+        api_key: str | None = None,
+        weight_version: int = 0,
+    ) -> None:
+        super().__init__(
+            base_url,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retries=retries,
+            api_key=api_key,
+        )
+        self._version = weight_version
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """A path the server can read, or a ``torch.distributed`` group; no in-process state dict."""
+        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=True)
+
+    def _next_version(self, version: int | str | None) -> int:
+        """The version an accepted update sets: ``version`` when given, else the current one + 1."""
+        return self._version + 1 if version is None else int(version)
+
+    def _raise_for(self, resp: httpx.Response, path: str) -> None:
+        """Raise the engine error for a failed answer to ``path`` (each server says it its own way)."""
+        raise NotImplementedError
+
+    def _abort_body(self, request_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def _post_generation(self, path: str, body: Any, rid: str) -> Any:
+        """POST one generation; a deadline or a cancelled caller aborts it on the server. The answer's JSON."""
+        try:
+            resp = await self._call("POST", path, body)
+        except (EngineTimeoutError, asyncio.CancelledError):
+            await self._abort_quietly(rid)
+            raise
+        self._raise_for(resp, path)
+        return resp.json()
+
+    async def _abort_quietly(self, rid: str) -> None:
+        with contextlib.suppress(EngineError, asyncio.CancelledError):
+            await asyncio.shield(self._call("POST", self._ABORT_PATH, self._abort_body(rid), timeout_s=10.0))
+
+    async def abort(self, request_id: str) -> bool:
+        """Ask the server to stop a request; its ``generate`` returns the partial output ("abort")."""
+        resp = await self._call("POST", self._ABORT_PATH, self._abort_body(request_id), timeout_s=30.0)
+        self._raise_for(resp, self._ABORT_PATH)
+        return True
+
+    async def health(self) -> dict[str, Any]:
+        resp = await self._call("GET", "/health", idempotent=True, timeout_s=30.0)
+        if resp.status_code != 200:
+            return {"status": "unhealthy", "http_status": resp.status_code, "url": self.base_url}
+        return {"status": "ok", "url": self.base_url, **self._HEALTH, "weight_version": self._version}
+
+    async def update_weights_from_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None
+    ) -> int:
+        """Not served: the engine runs in another process (use a checkpoint path or a weight group)."""
+        raise UnsupportedWeightUpdateError(f"{self.base_url} {self._STATE_DICT_REFUSAL}")
