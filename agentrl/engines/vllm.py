@@ -37,12 +37,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 from agentrl.engines.errors import (
     EngineError,
-    EngineRequestError,
     EngineTimeoutError,
     EngineUnavailableError,
     UnsupportedWeightUpdateError,
@@ -51,9 +49,13 @@ from agentrl.engines.errors import (
 from agentrl.engines.hf import SamplingLike, parse_sampling
 from agentrl.engines.http_client import HTTPEngineClient
 from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, check_prompt
+from agentrl.httpkit import StatusMap
 from agentrl.types import SamplingParams
 
 __all__ = ["VLLMEngine", "checkpoint_manifest", "to_vllm_sampling"]
+
+_REFUSED = StatusMap[WeightUpdateError](default=WeightUpdateError)
+"""A refused weight or cache call (any status but 200); error answers map through the base's table."""
 
 
 def to_vllm_sampling(params: SamplingParams) -> dict[str, Any]:
@@ -211,24 +213,6 @@ class VLLMEngine(HTTPEngineClient):
         except (TypeError, ValueError):
             return self._initial_version
 
-    def _raise_for(self, resp: httpx.Response, path: str) -> None:
-        if resp.status_code < 400:
-            return
-        try:
-            body = resp.json()
-            err = body.get("error") if isinstance(body, dict) else None
-            message = (
-                (err.get("message") if isinstance(err, dict) else err) or body.get("detail") or resp.text
-            )
-        except ValueError:
-            message = resp.text
-        where = f"{self.base_url}{path}"
-        if resp.status_code == 504:
-            raise EngineTimeoutError(f"{where}: {message}")
-        if 400 <= resp.status_code < 500:
-            raise EngineRequestError(f"{where} refused the request ({resp.status_code}): {message}")
-        raise EngineUnavailableError(f"{where} failed ({resp.status_code}): {message}")
-
     async def _abort_quietly(self, rid: str) -> None:
         with contextlib.suppress(EngineError, asyncio.CancelledError):
             await asyncio.shield(
@@ -245,8 +229,8 @@ class VLLMEngine(HTTPEngineClient):
 
     async def health(self) -> dict[str, Any]:
         resp = await self._call("GET", "/health", idempotent=True, timeout_s=30.0)
-        if resp.status_code != 200:
-            return {"status": "unhealthy", "http_status": resp.status_code, "url": self.base_url}
+        if resp.status != 200:
+            return {"status": "unhealthy", "http_status": resp.status, "url": self.base_url}
         return {"status": "ok", "url": self.base_url, "engine": "vllm", "weight_version": self._version}
 
     async def model_info(self) -> dict[str, Any]:
@@ -268,10 +252,8 @@ class VLLMEngine(HTTPEngineClient):
         timeout_s: float = 300.0,
     ) -> Any:
         resp = await self._call("POST", path, body, params=params, timeout_s=timeout_s)
-        if resp.status_code != 200:
-            raise WeightUpdateError(
-                f"{what}: {self.base_url}{path} answered {resp.status_code}: {resp.text[:500]}"
-            )
+        if resp.status != 200:
+            raise _REFUSED.error(resp.status, resp.body, f"{what}: {self.base_url}{path}")
         try:
             return resp.json()
         except ValueError:
@@ -454,4 +436,4 @@ class VLLMEngine(HTTPEngineClient):
 
     def close(self) -> None:
         """Forget the HTTP pools (they close with their loops); the server is the launcher's to stop."""
-        self._clients.clear()
+        self._http.forget_pools()

@@ -76,6 +76,8 @@ class Failure:
     """What happened, for the message: ``ConnectError``, ``ReadTimeout``, ..."""
     error: BaseException
     attempts: int
+    timeout_s: float
+    """The request's deadline (its own, else the client's)."""
     retried: bool
     """This kind of failure was retried for this request (and the retries ran out)."""
 
@@ -162,7 +164,7 @@ class HTTPClient:
             path = f"{path}?{urlencode(params)}"
         for attempt in range(self.retries + 1):
             outcome = await self._asend(method, path, body, timeout_s, headers)
-            answer = self._settle(method, path, attempt, outcome, safe, retry_status, check)
+            answer = self._settle(method, path, attempt, outcome, safe, retry_status, check, timeout_s)
             if answer is not None:
                 return answer
             await asyncio.sleep(self._delay(attempt, outcome))
@@ -189,7 +191,7 @@ class HTTPClient:
                 outcome: Answer | _NoAnswer = Answer(r.status_code, r.content, r.headers.get("retry-after", ""))
             except httpx.HTTPError as e:
                 outcome = _httpx_failure(e)
-            answer = self._settle(method, path, attempt, outcome, safe, retry_status, check)
+            answer = self._settle(method, path, attempt, outcome, safe, retry_status, check, timeout_s)
             if answer is not None:
                 return answer
             time.sleep(self._delay(attempt, outcome))
@@ -204,6 +206,7 @@ class HTTPClient:
         safe: bool,
         retry_status: Collection[int],
         check: bool,
+        timeout_s: float | None,
     ) -> Answer | None:
         """One attempt's outcome, for both loops: the answer, None to retry, or the caller's exception."""
         last = attempt == self.retries
@@ -217,7 +220,8 @@ class HTTPClient:
         if retryable and not last:
             return None
         where = f"{method} {self.base_url}{path}"
-        failure = Failure(where, outcome.kind, outcome.name, outcome.error, attempt + 1, retryable)
+        deadline = timeout_s or self.timeout_s
+        failure = Failure(where, outcome.kind, outcome.name, outcome.error, attempt + 1, deadline, retryable)
         raise self.on_failure(failure) from outcome.error
 
     def _delay(self, attempt: int, outcome: Answer | _NoAnswer) -> float:
@@ -313,6 +317,11 @@ class HTTPClient:
             entry[1].close()
         else:
             await entry[1].aclose()
+
+    def forget_pools(self) -> None:
+        """Drop every loop's pool without closing it (they close with their loops)."""
+        self._pools.clear()
+        self._loop, self._pool = None, None
 
     def close(self) -> None:
         """Close the sync client (idempotent)."""
