@@ -29,7 +29,15 @@ from agentrl.httpkit.validation import validation_message
 if TYPE_CHECKING:
     from agentrl.httpkit.client import Answer, Failure, HTTPClient
 
-__all__ = ["Answer", "BackgroundServer", "ErrorAnswer", "Failure", "HTTPClient", "StatusMap", "validation_message"]
+__all__ = [
+    "Answer",
+    "BackgroundServer",
+    "ErrorAnswer",
+    "Failure",
+    "HTTPClient",
+    "StatusMap",
+    "validation_message",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -43,9 +43,19 @@ import httpx
 from agentrl.httpkit.http1 import Http1Connection
 from agentrl.httpkit.status import StatusMap
 
-__all__ = ["Answer", "Failure", "HTTPClient"]
+__all__ = ["Answer", "Failure", "HTTPClient", "backoff"]
 
 _NOTHING_SENT = ("connect", "connect_timeout")
+
+
+def backoff(backoff_s: float, attempt: int, retry_after: str = "") -> float:
+    """The delay before retry ``attempt + 1``: ``backoff_s`` doubling each attempt; a ``Retry-After`` wins when larger.
+
+    Also the delay of a client on another protocol (the OpenEnv client's WebSocket), so that every
+    agentrl client backs off alike.
+    """
+    delay = backoff_s * (2**attempt)
+    return max(delay, float(retry_after)) if retry_after.isdigit() else delay
 
 
 class Answer(NamedTuple):
@@ -188,7 +198,9 @@ class HTTPClient:
                 r = self._sync_client().request(
                     method, path, json=body, headers=headers, timeout=self._timeout(timeout_s)
                 )
-                outcome: Answer | _NoAnswer = Answer(r.status_code, r.content, r.headers.get("retry-after", ""))
+                outcome: Answer | _NoAnswer = Answer(
+                    r.status_code, r.content, r.headers.get("retry-after", "")
+                )
             except httpx.HTTPError as e:
                 outcome = _httpx_failure(e)
             answer = self._settle(method, path, attempt, outcome, safe, retry_status, check, timeout_s)
@@ -225,10 +237,7 @@ class HTTPClient:
         raise self.on_failure(failure) from outcome.error
 
     def _delay(self, attempt: int, outcome: Answer | _NoAnswer) -> float:
-        delay = self.backoff_s * (2**attempt)
-        if isinstance(outcome, Answer) and outcome.retry_after.isdigit():
-            delay = max(delay, float(outcome.retry_after))
-        return delay
+        return backoff(self.backoff_s, attempt, outcome.retry_after if isinstance(outcome, Answer) else "")
 
     # ------------------------------------------------------------------ transports
     async def _asend(
@@ -328,3 +337,9 @@ class HTTPClient:
         client, self._sync = self._sync, None
         if client is not None:
             client.close()
+
+    def __enter__(self) -> HTTPClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
