@@ -14,20 +14,15 @@
 
 Each server keeps its own wire error body (the env server's ``{"detail", "infra_error"}``,
 OpenAI's for the session server, SGLang's for the engine server); what is shared is how the
-message is worded and read back. Nothing here imports a web framework or an HTTP library at
-import time (the client's names are imported on first use).
+message is worded and read back. Nothing here imports a web framework at import time.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from agentrl.httpkit.background import BackgroundServer
+from agentrl.httpkit.client import Answer, Failure, HTTPClient
 from agentrl.httpkit.status import ErrorAnswer, StatusMap
 from agentrl.httpkit.validation import validation_message
-
-if TYPE_CHECKING:
-    from agentrl.httpkit.client import Answer, Failure, HTTPClient
 
 __all__ = [
     "Answer",
@@ -38,11 +33,3 @@ __all__ = [
     "StatusMap",
     "validation_message",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("Answer", "Failure", "HTTPClient"):  # httpx and httptools load with the first client
-        from agentrl.httpkit import client
-
-        return getattr(client, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
