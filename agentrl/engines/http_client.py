@@ -1,25 +1,44 @@
-"""The HTTP plumbing every remote engine client shares: one pool per event loop, deadlines, safe retries.
+"""The base of the remote engine clients: agentrl's one HTTP client with the engine's errors.
 
-A request that never reached the server (connection refused, connect timeout) is retried
-with backoff; an idempotent read also on read errors and 502/503. Anything past its deadline
-raises :class:`EngineTimeoutError` naming the call; other transport failures
-:class:`EngineUnavailableError`. httpx pools belong to one event loop, so the client keeps one
-per loop: the same engine object serves the run's loop and ``run_sync``'s fresh loops.
+Requests go through :class:`~agentrl.httpkit.HTTPClient` (one pool per event loop, so the same
+engine object serves the run's loop and ``run_sync``'s fresh loops). A request that never
+reached the server (connection refused, connect timeout) is retried with backoff; an idempotent
+read also on a broken connection, a read deadline and 502/503. A request that got no answer
+raises :class:`EngineUnavailableError` (after the retries, naming the attempts) or, past its
+deadline and not retried, :class:`EngineTimeoutError` naming the call. An error answer maps
+through :data:`ENGINE_ERRORS`: a name of an agentrl engine error class (the engine and session
+servers send one) is raised as that class; otherwise 504 is a deadline, another 4xx a bad
+request, a 5xx the server's failure. ``_call`` returns error answers unchecked; the subclasses
+check them with :meth:`HTTPEngineClient._raise_for`.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-import httpx
+from agentrl.engines import errors as engine_errors
+from agentrl.engines.errors import (
+    EngineError,
+    EngineRequestError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+)
+from agentrl.httpkit import StatusMap
+from agentrl.httpkit.client import Answer, Failure, HTTPClient
 
-from agentrl.engines.errors import EngineTimeoutError, EngineUnavailableError
+__all__ = ["ENGINE_ERRORS", "HTTPEngineClient"]
 
-__all__ = ["HTTPEngineClient"]
-
-_RETRY_ALWAYS = (httpx.ConnectError, httpx.ConnectTimeout)
-_RETRY_IDEMPOTENT = (*_RETRY_ALWAYS, httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError)
+ENGINE_ERRORS = StatusMap[EngineError](
+    default=EngineUnavailableError,
+    by_status={504: EngineTimeoutError},
+    by_kind={
+        name: cls
+        for name in engine_errors.__all__
+        if isinstance(cls := getattr(engine_errors, name), type) and issubclass(cls, EngineError)
+    },
+    client_error=EngineRequestError,
+)
+"""An engine server's error answer -> the engine error class (see the module docstring)."""
 
 
 class HTTPEngineClient:
@@ -38,19 +57,24 @@ class HTTPEngineClient:
         self.timeout_s = timeout_s
         self.retries = retries
         self.connect_timeout_s = connect_timeout_s
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._clients: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+        self._http = HTTPClient(
+            self.base_url,
+            on_failure=self._failure,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retries=retries,
+            backoff_s=0.2,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
+        )
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        for key, (old_loop, _) in list(self._clients.items()):
-            if old_loop.is_closed():
-                del self._clients[key]  # its connections died with their loop
-        entry = self._clients.get(id(loop))
-        if entry is None or entry[0] is not loop:
-            entry = (loop, httpx.AsyncClient(base_url=self.base_url, headers=self._headers))
-            self._clients[id(loop)] = entry
-        return entry[1]
+    def _failure(self, failure: Failure) -> EngineError:
+        if failure.retried:
+            return EngineUnavailableError(
+                f"{failure.where} failed after {failure.attempts} attempts: {failure.name}: {failure.error}"
+            )
+        if failure.kind == "timeout":
+            return EngineTimeoutError(f"{failure.where} exceeded its deadline of {failure.timeout_s:g} s")
+        return EngineUnavailableError(f"{failure.where} failed: {failure.name}: {failure.error}")
 
     async def _call(
         self,
@@ -61,36 +85,23 @@ class HTTPEngineClient:
         idempotent: bool = False,
         timeout_s: float | None = None,
         params: dict[str, Any] | None = None,
-    ) -> httpx.Response:
-        retryable = _RETRY_IDEMPOTENT if idempotent else _RETRY_ALWAYS
-        timeout = httpx.Timeout(timeout_s or self.timeout_s, connect=self.connect_timeout_s)
-        client = self._client()
-        delay = 0.2
-        for attempt in range(self.retries + 1):
-            try:
-                resp = await client.request(method, path, json=body, timeout=timeout, params=params)
-            except retryable as e:
-                if attempt == self.retries:
-                    raise EngineUnavailableError(
-                        f"{method} {self.base_url}{path} failed after {attempt + 1} attempts: {type(e).__name__}: {e}"
-                    ) from e
-            except httpx.TimeoutException as e:
-                raise EngineTimeoutError(
-                    f"{method} {self.base_url}{path} exceeded its deadline of {timeout_s or self.timeout_s} s"
-                ) from e
-            except httpx.HTTPError as e:
-                raise EngineUnavailableError(
-                    f"{method} {self.base_url}{path} failed: {type(e).__name__}: {e}"
-                ) from e
-            else:
-                if not (idempotent and resp.status_code in (502, 503) and attempt < self.retries):
-                    return resp
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+    ) -> Answer:
+        """One request; an error answer is returned (check it with :meth:`_raise_for`)."""
+        return await self._http.request(
+            method,
+            path,
+            body,
+            safe=idempotent,
+            retry_status=(502, 503) if idempotent else (),
+            timeout_s=timeout_s,
+            params=params,
+            check=False,
+        )
+
+    def _raise_for(self, resp: Answer, path: str) -> None:
+        """Raise the engine error of an error answer (:data:`ENGINE_ERRORS`)."""
+        ENGINE_ERRORS.raise_for(resp.status, resp.body, f"{self.base_url}{path}")
 
     async def aclose(self) -> None:
         """Close this loop's connection pool (the others close with their loops)."""
-        entry = self._clients.pop(id(asyncio.get_running_loop()), None)
-        if entry is not None:
-            await entry[1].aclose()
+        await self._http.aclose()

@@ -4,7 +4,8 @@ What is the same for an engine in another process, whatever server it is: the we
 this client last saw or set, the capabilities (a checkpoint path or a weight group, never an
 in-process state dict), a generation that is aborted on the server when its caller times out
 or is cancelled, abort, and health. Each subclass names its server's paths and bodies
-(``_ABORT_PATH``, ``_abort_body``), maps its server's errors (``_raise_for``) and implements
+(``_ABORT_PATH``, ``_abort_body``), maps its server's errors where they differ from
+:data:`~agentrl.engines.http_client.ENGINE_ERRORS` (``_raise_for``) and implements
 the weight-group hooks of :class:`~agentrl.engines.weight_groups.WeightGroupEngine`. The
 HTTP plumbing (pools, deadlines, retries) is :class:`~agentrl.engines.http_client.HTTPEngineClient`'s.
 """
@@ -22,7 +23,6 @@ from agentrl.engines.protocol import EngineCapabilities
 from agentrl.engines.weight_groups import WeightGroupEngine
 
 if TYPE_CHECKING:
-    import httpx
     import torch
 
 __all__ = ["RemoteEngine"]
@@ -71,10 +71,6 @@ class RemoteEngine(HTTPEngineClient, WeightGroupEngine):
         """The version an accepted update sets: ``version`` when given, else the current one + 1."""
         return self._version + 1 if version is None else int(version)
 
-    def _raise_for(self, resp: httpx.Response, path: str) -> None:
-        """Raise the engine error for a failed answer to ``path`` (each server says it its own way)."""
-        raise NotImplementedError
-
     def _abort_body(self, request_id: str) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -100,8 +96,8 @@ class RemoteEngine(HTTPEngineClient, WeightGroupEngine):
 
     async def health(self) -> dict[str, Any]:
         resp = await self._call("GET", "/health", idempotent=True, timeout_s=30.0)
-        if resp.status_code != 200:
-            return {"status": "unhealthy", "http_status": resp.status_code, "url": self.base_url}
+        if resp.status != 200:
+            return {"status": "unhealthy", "http_status": resp.status, "url": self.base_url}
         return {"status": "ok", "url": self.base_url, **self._HEALTH, "weight_version": self._version}
 
     async def update_weights_from_state_dict(

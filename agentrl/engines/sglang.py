@@ -19,14 +19,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import httpx
 import torch
 
-from agentrl.engines import errors as engine_errors
 from agentrl.engines.errors import (
-    EngineError,
-    EngineRequestError,
-    EngineTimeoutError,
     EngineUnavailableError,
     WeightUpdateError,
 )
@@ -35,7 +30,8 @@ from agentrl.engines.protocol import FinishReason, Generation, run_sync
 from agentrl.engines.remote import RemoteEngine
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket
 from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
-from agentrl.httpkit import StatusMap
+from agentrl.httpkit import ErrorAnswer, StatusMap
+from agentrl.httpkit.client import Answer
 from agentrl.types import SamplingParams
 
 __all__ = ["SGLangEngine", "to_sglang_sampling"]
@@ -58,18 +54,12 @@ def to_sglang_sampling(params: SamplingParams) -> dict[str, Any]:
     return out
 
 
-# An answer naming an agentrl engine error class (the engine and session servers do) is raised as
-# that class; otherwise 504 is a deadline, another 4xx a bad request, a 5xx the server's failure.
-_ERRORS = StatusMap[EngineError](
-    default=EngineUnavailableError,
-    by_status={504: EngineTimeoutError},
-    by_kind={
-        name: cls
-        for name in engine_errors.__all__
-        if isinstance(cls := getattr(engine_errors, name), type) and issubclass(cls, EngineError)
-    },
-    client_error=EngineRequestError,
-)
+def _rejected(cls: type[WeightUpdateError], where: str, answer: ErrorAnswer) -> WeightUpdateError:
+    return cls(f"{where} rejected the update ({answer.status}): {answer.message}")
+
+
+_WEIGHT_ERRORS = StatusMap[WeightUpdateError](default=WeightUpdateError, build=_rejected)
+"""A refused weight update (an error status, or 200 with ``success: false``)."""
 
 
 def _int_version(v: Any, default: int) -> int:
@@ -110,9 +100,6 @@ class SGLangEngine(RemoteEngine):
         )
         self._groups: dict[str, Any] = {}
         self._joined: set[str] = set()  # weight groups the server joined for this client; close() leaves them
-
-    def _raise_for(self, resp: httpx.Response, path: str) -> None:
-        _ERRORS.raise_for(resp.status_code, resp.content, f"{self.base_url}{path}")
 
     # ------------------------------------------------------------------ Engine protocol
 
@@ -210,15 +197,12 @@ class SGLangEngine(RemoteEngine):
         self._version = new_version
         return new_version
 
-    def _raise_weight_update(self, resp: httpx.Response, path: str) -> None:
-        try:
-            body = resp.json()
-        except ValueError:
-            body = {}
-        if resp.status_code == 200 and body.get("success", True):
+    def _raise_weight_update(self, resp: Answer, path: str) -> None:
+        """A weight update is refused by an error status or by ``success: false`` (its ``message`` says why)."""
+        answer = ErrorAnswer.read(resp.status, resp.body)
+        if resp.status == 200 and answer.body.get("success", True):
             return
-        message = body.get("message") or (body.get("error") or {}).get("message") or resp.text
-        raise WeightUpdateError(f"{self.base_url}{path} rejected the update ({resp.status_code}): {message}")
+        raise _WEIGHT_ERRORS.error(resp.status, resp.body, f"{self.base_url}{path}")
 
     # Engine-side calls, one per SGLang endpoint: WeightGroupEngine's hooks (the caller owns rank 0).
 
@@ -357,7 +341,7 @@ class SGLangEngine(RemoteEngine):
                 run_sync(self.destroy_weights_update_group(name), timeout_s=60.0, what=f"leaving {name!r}")
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 self._joined.discard(name)
-        self._clients.clear()
+        self._http.forget_pools()
 
     async def __aenter__(self) -> SGLangEngine:
         return self

@@ -36,11 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-import httpx
-
 from agentrl.engines.errors import (
-    EngineRequestError,
-    EngineTimeoutError,
     EngineUnavailableError,
     UnsupportedWeightUpdateError,
     WeightUpdateError,
@@ -49,9 +45,13 @@ from agentrl.engines.hf import SamplingLike, parse_sampling
 from agentrl.engines.protocol import FinishReason, Generation, check_prompt
 from agentrl.engines.remote import RemoteEngine
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket
+from agentrl.httpkit import StatusMap
 from agentrl.types import SamplingParams
 
 __all__ = ["VLLMEngine", "checkpoint_manifest", "to_vllm_sampling"]
+
+_REFUSED = StatusMap[WeightUpdateError](default=WeightUpdateError)
+"""A refused weight or cache call (any status but 200); error answers map through the base's table."""
 
 
 def to_vllm_sampling(params: SamplingParams) -> dict[str, Any]:
@@ -205,24 +205,6 @@ class VLLMEngine(RemoteEngine):
         except (TypeError, ValueError):
             return self._initial_version
 
-    def _raise_for(self, resp: httpx.Response, path: str) -> None:
-        if resp.status_code < 400:
-            return
-        try:
-            body = resp.json()
-            err = body.get("error") if isinstance(body, dict) else None
-            message = (
-                (err.get("message") if isinstance(err, dict) else err) or body.get("detail") or resp.text
-            )
-        except ValueError:
-            message = resp.text
-        where = f"{self.base_url}{path}"
-        if resp.status_code == 504:
-            raise EngineTimeoutError(f"{where}: {message}")
-        if 400 <= resp.status_code < 500:
-            raise EngineRequestError(f"{where} refused the request ({resp.status_code}): {message}")
-        raise EngineUnavailableError(f"{where} failed ({resp.status_code}): {message}")
-
     def _abort_body(self, request_id: str) -> dict[str, Any]:
         return {"request_ids": [_served_id(request_id)]}
 
@@ -245,10 +227,8 @@ class VLLMEngine(RemoteEngine):
         timeout_s: float = 300.0,
     ) -> Any:
         resp = await self._call("POST", path, body, params=params, timeout_s=timeout_s)
-        if resp.status_code != 200:
-            raise WeightUpdateError(
-                f"{what}: {self.base_url}{path} answered {resp.status_code}: {resp.text[:500]}"
-            )
+        if resp.status != 200:
+            raise _REFUSED.error(resp.status, resp.body, f"{what}: {self.base_url}{path}")
         try:
             return resp.json()
         except ValueError:
@@ -403,4 +383,4 @@ class VLLMEngine(RemoteEngine):
 
     def close(self) -> None:
         """Forget the HTTP pools (they close with their loops); the server is the launcher's to stop."""
-        self._clients.clear()
+        self._http.forget_pools()

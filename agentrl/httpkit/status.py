@@ -1,7 +1,9 @@
 """How a client turns a server's 4xx/5xx answer into its own exception: one reader, a table per client.
 
-Every agentrl client (``RemoteEnv``, ``SGLangEngine``, ``SessionClient``) keeps its own
-exception classes; what they share is reading the answer and choosing the class:
+Every agentrl client (``RemoteEnv``, ``OpenEnvRemoteEnv``, ``SGLangEngine``, ``VLLMEngine``,
+``AsyncSessionClient``, the agent gateway's caller) keeps its own exception classes and hands
+its table to :class:`~agentrl.httpkit.HTTPClient` (or calls it on an answer it reads itself);
+what they share is reading the answer and choosing the class:
 
 - :meth:`ErrorAnswer.read` takes the status and raw body and finds the server's message in any
   of the wire shapes agentrl speaks: ``{"error": {"message", "type", "code"}}`` (OpenAI, SGLang),

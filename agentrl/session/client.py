@@ -27,8 +27,9 @@ episode on a fresh session). Server errors come back as the matching
 context is a :class:`ContextFullError`; a request past its deadline a
 :class:`SessionEngineError`; an unreachable server a :class:`SessionError` naming the URL.
 
-The HTTP connection pool belongs to the event loop that first used the client (the run's
-loop, in the trainer); a client whose loop has closed makes a new pool on the next call.
+Requests go through agentrl's one HTTP client, :class:`~agentrl.httpkit.HTTPClient`: a
+connection pool per event loop (the run's loop, in the trainer); the pool of a loop that has
+closed is dropped and the next call on a new loop opens its own.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 import httpx
 
 from agentrl.httpkit import StatusMap
+from agentrl.httpkit.client import Failure, HTTPClient
 from agentrl.session.backend import ChatResult, TurnCalls, TurnRequest
 from agentrl.session.errors import (
     ContextFullError,
@@ -52,15 +54,18 @@ from agentrl.types import Message, SamplingParams, ToolSpec, Trajectory
 
 __all__ = ["AsyncSessionClient", "SessionClient", "raise_for_status"]
 
-_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout)
-
-_ERRORS: dict[int, type[SessionError]] = {
-    401: SessionKeyError,
-    403: SessionKeyError,
-    404: UnknownSessionError,
-    422: SessionRequestError,
-    424: SessionEngineError,
-}
+_STATUS = StatusMap[SessionError](
+    default=SessionError,
+    by_status={
+        401: SessionKeyError,
+        403: SessionKeyError,
+        404: UnknownSessionError,
+        422: SessionRequestError,
+        424: SessionEngineError,
+    },
+    by_kind={"context_length_exceeded": ContextFullError},
+)
+"""A session server's error answer -> the :mod:`agentrl.session.errors` class."""
 
 
 def raise_for_status(resp: httpx.Response, where: str) -> None:
@@ -69,9 +74,7 @@ def raise_for_status(resp: httpx.Response, where: str) -> None:
     A context-full turn (422, ``code: "context_length_exceeded"``) is a
     :class:`ContextFullError`, which callers treat as the model's error, not the server's.
     """
-    if resp.status_code >= 400:
-        table = StatusMap(SessionError, _ERRORS, {"context_length_exceeded": ContextFullError})
-        raise table.error(resp.status_code, resp.content, where)
+    _STATUS.raise_for(resp.status_code, resp.content, where)
 
 
 def _messages(messages: list[Message]) -> list[dict[str, Any]]:
@@ -125,12 +128,16 @@ class AsyncSessionClient(TurnCalls):
         self.base_url = base_url.rstrip("/")
         self.timeout_s, self.retries = timeout_s, retries
         self.health: dict[str, Any] = dict(health or {})
-        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        self._limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
+        self._http = HTTPClient(
+            self.base_url,
+            on_failure=self._failure,
+            errors=_STATUS,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            retries=retries,
+            backoff_s=0.2,
+            max_connections=max_connections,
         )
-        self._http: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._keys: dict[str, str] = {}
 
     @classmethod
@@ -220,10 +227,8 @@ class AsyncSessionClient(TurnCalls):
         return [int(t) for t in (await self._call("POST", "/tokenize", body))["tokens"]]
 
     async def aclose(self) -> None:
-        """Close the connection pool (a later call opens a new one)."""
-        http, self._http, self._loop = self._http, None, None
-        if http is not None:
-            await http.aclose()
+        """Close this loop's connection pool (a later call opens a new one)."""
+        await self._http.aclose()
 
     # ------------------------------------------------------------ the rest of the API
 
@@ -255,44 +260,21 @@ class AsyncSessionClient(TurnCalls):
 
     # ------------------------------------------------------------ HTTP plumbing
 
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._http is not None and self._loop is not loop:
-            if self._loop is not None and not self._loop.is_closed():
-                raise SessionError(
-                    f"AsyncSessionClient({self.base_url!r}) is in use on another event loop; "
-                    "use one client per loop (the trainer runs one loop for the whole run)"
-                )
-            self._http = None  # its connections died with their loop
-        if self._http is None:
-            self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=self._limits)
-            self._loop = loop
-        return self._http
+    def _failure(self, failure: Failure) -> SessionError:
+        if failure.nothing_sent:
+            return SessionError(
+                f"cannot reach the session server at {self.base_url} ({failure.where}, {failure.attempts} "
+                f"attempts): {failure.name}: {failure.error}; is `agentrl serve-session` running there?"
+            )
+        if failure.kind == "timeout":
+            return SessionEngineError(f"{failure.where} exceeded its deadline of {self.timeout_s:g} s")
+        return SessionError(f"{failure.where} failed: {failure.name}: {failure.error}")
 
     async def _call(self, method: str, path: str, body: Any = None, *, sid: str | None = None) -> Any:
-        where = f"{method} {self.base_url}{path}"
-        client = self._client()
+        """One request; nothing but a connect failure is retried (a rollout retries its episode)."""
         key = self._keys.get(sid) if sid is not None else None
         headers = {"Authorization": f"Bearer {key}"} if key else None
-        delay = 0.2
-        for attempt in range(self.retries + 1):
-            try:
-                resp = await client.request(method, path, json=body, headers=headers)
-                break
-            except _CONNECT_ERRORS as e:
-                if attempt == self.retries:
-                    raise SessionError(
-                        f"cannot reach the session server at {self.base_url} ({where}, {attempt + 1} attempts): "
-                        f"{type(e).__name__}: {e}; is `agentrl serve-session` running there?"
-                    ) from e
-            except httpx.TimeoutException as e:
-                raise SessionEngineError(f"{where} exceeded its deadline of {self.timeout_s:g} s") from e
-            except httpx.HTTPError as e:
-                raise SessionError(f"{where} failed: {type(e).__name__}: {e}") from e
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise_for_status(resp, where)
-        return resp.json()
+        return (await self._http.request(method, path, body, headers=headers)).json()
 
 
 class SessionClient:

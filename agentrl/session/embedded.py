@@ -21,18 +21,14 @@ server's own (:mod:`agentrl.session.server`); nothing here changes them.
 from __future__ import annotations
 
 import inspect
-import socket
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from agentrl.errors import ServerStartError
+from agentrl.httpkit import BackgroundServer
 from agentrl.session.manager import SessionManager
 from agentrl.types import SamplingParams, Trajectory
 
 if TYPE_CHECKING:
-    import concurrent.futures
-
     from agentrl.eventloop import LoopThread
 
 __all__ = ["EmbeddedGateway", "GatewayManager", "Sampler"]
@@ -70,12 +66,13 @@ class GatewayManager(SessionManager):
         return trajs
 
 
-class EmbeddedGateway:
+class EmbeddedGateway(BackgroundServer):
     """``create_app(manager)`` served by uvicorn as a task on ``loop``, at :attr:`url` (module docstring).
 
-    The socket is bound in the constructor (``port=0``: a free port), so the URL is known
-    before the server starts. ``default_max_tokens`` is the token budget of an unpinned turn
-    that names none.
+    A :class:`~agentrl.httpkit.BackgroundServer` on the run's loop, without a lifespan. The
+    socket is bound in the constructor (``port=0``: a free port), so the URL is known before
+    the server starts. ``default_max_tokens`` is the token budget of an unpinned turn that
+    names none.
     """
 
     def __init__(
@@ -87,21 +84,9 @@ class EmbeddedGateway:
         port: int = 0,
         default_max_tokens: int = 256,
     ) -> None:
-        import uvicorn
-
         from agentrl.session.server import create_app
 
         self.manager, self.loop = manager, loop
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            self._sock.bind((host, port))
-        except OSError as e:
-            self._sock.close()
-            raise ServerStartError(
-                f"session gateway: cannot bind {host}:{port}: {e} (is the port in use?)"
-            ) from None
-        self.host, self.port = host, int(self._sock.getsockname()[1])
         # a session server with per-session keys requires them here: one agent cannot read or write another's session
         keyed = "require_session_keys" in inspect.signature(create_app).parameters
         app = create_app(
@@ -109,37 +94,14 @@ class EmbeddedGateway:
             default_max_tokens=default_max_tokens,
             **({"require_session_keys": True} if keyed else {}),
         )
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30, lifespan="off")
-        )
-        self._task: concurrent.futures.Future[None] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(app, host, port, name="session gateway", loop=loop, lifespan="off")
 
     def start(self, timeout_s: float = 30.0) -> EmbeddedGateway:
         """Start serving on the loop; returns once uvicorn serves, or raises ServerStartError."""
-        self._task = self.loop.submit(self._server.serve(sockets=[self._sock]))
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if self._task.done() or time.monotonic() > deadline:
-                why = (
-                    "exited before it started"
-                    if self._task.done()
-                    else f"did not start within {timeout_s:g} s"
-                )
-                self.stop()
-                raise ServerStartError(f"session gateway on {self.url} {why}")
-            time.sleep(0.01)
+        self.start_timeout_s = timeout_s
+        super().start()
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ask uvicorn to exit and wait up to ``timeout_s`` for it (idempotent)."""
-        self._server.should_exit = True
-        if self._task is not None and not self._task.done():
-            try:
-                self._task.result(timeout=timeout_s)
-            except Exception:  # noqa: BLE001 - stopping: a server that will not exit is cancelled
-                self._task.cancel()
-        self._sock.close()
+        super().stop(timeout_s)

@@ -43,11 +43,15 @@ from typing import Any
 import httpx
 
 from agentrl.errors import ConfigError
+from agentrl.httpkit import StatusMap
 from agentrl.session.embedded import EmbeddedGateway, GatewayManager
 from agentrl.trainer.errors import AgentError
 from agentrl.types import Message, SamplingParams, Trajectory
 
 __all__ = ["AgentOutcome", "AgentRun", "AgentRunner", "agent_argv", "run_agent", "score_agent"]
+
+_GATEWAY_ERRORS = StatusMap[AgentError](default=AgentError)
+"""The gateway refused a session (any answer but 201): the attempt's infrastructure failed."""
 
 _KILL_GRACE_S = 5.0
 """How long to wait for a killed process group and its pipes before giving up on them."""
@@ -200,7 +204,7 @@ class AgentRunner:
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0)) as http:
             resp = await http.post(f"{url}/sessions", json={})
         if resp.status_code != 201:
-            raise AgentError(f"POST {url}/sessions answered {resp.status_code}: {resp.text[:300]}")
+            raise _GATEWAY_ERRORS.error(resp.status_code, resp.content, f"POST {url}/sessions")
         body = resp.json()
         base = str(body["base_url"])
         key = str(body.get("api_key") or "agentrl-no-key")

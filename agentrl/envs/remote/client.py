@@ -3,9 +3,11 @@
 ``RemoteEnv(url, env_id)`` creates its episode on the server at the first
 ``reset``/``areset`` and then behaves like the local env: ``reset``, ``step``,
 ``tools``, ``max_turns``, ``reward_range``, and the async twins ``areset``,
-``astep``, ``aclose``. Each RemoteEnv keeps one keep-alive connection of its own
-(an episode sends one request at a time): sync calls use an ``httpx.Client``,
-async ones an :class:`~agentrl.envs.remote.http1.Http1Connection`, a lean HTTP/1.1
+``astep``, ``aclose``. Its HTTP goes through agentrl's one client,
+:class:`~agentrl.httpkit.HTTPClient` (deadlines, retries, backoff, a pool per event
+loop). Each RemoteEnv keeps one keep-alive connection of its own (an episode sends one
+request at a time): sync calls use an ``httpx.Client``, async ones the client's fast
+transport, an :class:`~agentrl.httpkit.http1.Http1Connection`, a lean HTTP/1.1
 connection that lets one process drive thousands of concurrent episodes (an
 ``httpx.AsyncClient`` spent ~10× the CPU per request and fell to a fifth of the
 server's throughput at 1,000 episodes; see ``benchmarks/env_client.py``).
@@ -19,20 +21,16 @@ Every call has a connect and a read deadline. Failures are typed:
 
 A ``reset`` whose episode the server no longer has (reaped after its TTL)
 creates a new one. Retries happen only where repeating cannot change the outcome: creating an
-episode (on connection failure or 429/503, with backoff), ``reset`` (it replaces
-the episode state), ``close`` (idempotent), and any call whose connection
-failed before the request was sent. A ``step`` that may have reached the server
+episode (on 429/503, with backoff), ``reset`` (it replaces the episode state), ``close``
+(idempotent), and any call that failed before the request was sent (connection refused,
+connect deadline). A ``step`` that may have reached the server
 is never retried: that could apply the action twice.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-from typing import Any, NamedTuple
+from typing import Any
 
-import httptools
 import httpx
 
 from agentrl.envs.core import Env, StepResult, coerce_action
@@ -45,35 +43,11 @@ from agentrl.envs.errors import (
     ResetNeededError,
     ServerBusyError,
 )
-from agentrl.envs.remote.http1 import Http1Connection
 from agentrl.httpkit import ErrorAnswer, StatusMap
+from agentrl.httpkit.client import Failure, HTTPClient
 from agentrl.types import Message, ToolSpec
 
 __all__ = ["RemoteEnv"]
-
-
-class _Answer(NamedTuple):
-    """An HTTP answer, whichever client library fetched it."""
-
-    status: int
-    body: bytes
-    retry_after: str
-
-
-class _Failure(NamedTuple):
-    """A call that got no answer, classified the same way for both client libraries."""
-
-    kind: str  # "connect": nothing was sent; "timeout": a deadline passed; "transport": the connection broke
-    name: str  # what happened, for the message, e.g. "ReadTimeout"
-    error: BaseException
-
-
-def _httpx_failure(e: httpx.TransportError) -> _Failure:
-    if isinstance(e, httpx.ConnectError):
-        return _Failure("connect", type(e).__name__, e)
-    if isinstance(e, httpx.TimeoutException):
-        return _Failure("timeout", type(e).__name__, e)
-    return _Failure("transport", type(e).__name__, e)
 
 
 def _build(cls: type[EnvServerError], where: str, answer: ErrorAnswer) -> EnvServerError:
@@ -91,8 +65,7 @@ _STATUS = StatusMap[EnvServerError](
     build=_build,
 )
 
-
-_RETRY = object()  # an attempt that should be repeated after a back-off
+_BUSY = (429, 503)
 
 
 class RemoteEnv(Env):
@@ -108,7 +81,7 @@ class RemoteEnv(Env):
         backoff_s: first retry delay; doubles each attempt (a 429's Retry-After wins if larger).
         transport: an ``httpx`` transport for the sync calls (tests, proxies).
         async_transport: an ``httpx`` async transport; when given, the async calls go through
-            ``httpx.AsyncClient`` on it instead of :class:`~agentrl.envs.remote.http1.Http1Connection`
+            ``httpx.AsyncClient`` on it instead of :class:`~agentrl.httpkit.http1.Http1Connection`
             (same semantics, several times the CPU per request).
     """
 
@@ -129,142 +102,50 @@ class RemoteEnv(Env):
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         self.retries, self.backoff_s = retries, backoff_s
-        self._timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
-        self._transport, self._async_transport = transport, async_transport
-        self._client: httpx.Client | None = None
-        self._aclient: httpx.AsyncClient | None = None
-        self._conn: Http1Connection | None = None
-        self._aloop: asyncio.AbstractEventLoop | None = None
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        # One episode sends one request at a time, so each RemoteEnv owns one keep-alive connection
+        # (a shared httpx pool re-scans every connection per request, which collapsed at 64+ episodes).
+        self._http = HTTPClient(
+            self.url,
+            on_failure=self._failure,
+            errors=_STATUS,
+            timeout_s=read_timeout,
+            connect_timeout_s=connect_timeout,
+            retries=retries,
+            backoff_s=backoff_s,
+            max_connections=1,
+            fast=True,
+            transport=transport,
+            async_transport=async_transport,
+        )
         self.episode_id: str | None = None
         self._tools: list[ToolSpec] = []
         self.last_info: dict[str, Any] = {}
 
     # --------------------------------------------------------------- plumbing
-    def _client_kwargs(self) -> dict[str, Any]:
-        # One episode sends one request at a time, so each RemoteEnv owns one keep-alive connection:
-        # a shared httpx pool re-scans every connection per request, which collapsed at 64+ episodes.
-        # Plain-HTTP URLs skip building a TLS context (~80 ms per client otherwise).
-        return {
-            "base_url": self.url,
-            "timeout": self._timeout,
-            "limits": httpx.Limits(max_connections=1, max_keepalive_connections=1),
-            "verify": not self.url.startswith("http://"),
-        }
-
-    def _sync(self) -> httpx.Client:
-        if self._client is None:
-            self._client = httpx.Client(transport=self._transport, **self._client_kwargs())
-        return self._client
-
-    def _bind_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._aloop is not loop:  # a client is bound to its event loop; one from a gone loop is dropped
-            self._aclient, self._conn = None, None
-        self._aloop = loop
-
-    async def _asend(self, method: str, path: str, body: Any) -> _Answer | _Failure:
-        """One async attempt: the answer, or the failure classified by where it happened."""
-        if self._async_transport is not None:
-            if self._aclient is None:
-                self._aclient = httpx.AsyncClient(transport=self._async_transport, **self._client_kwargs())
-            try:
-                response = await self._aclient.request(method, path, json=body)
-            except httpx.TransportError as e:
-                return _httpx_failure(e)
-            return _Answer(response.status_code, response.content, response.headers.get("retry-after", ""))
-        if self._conn is None:
-            t = self._timeout
-            self._conn = Http1Connection(
-                self.url, connect_timeout=t.connect or 0.0, read_timeout=t.read or 0.0
+    def _failure(self, failure: Failure) -> Exception:
+        """A call that got no answer: unreachable, past a client deadline, or a broken connection."""
+        where = failure.where
+        if failure.kind == "connect":
+            return EnvConnectionError(f"{where}: cannot connect: {failure.error}")
+        if failure.kind in ("timeout", "connect_timeout"):
+            return EnvTimeoutError(
+                f"{where}: {failure.name} after {self.read_timeout:g} s read / "
+                f"{self.connect_timeout:g} s connect deadline"
             )
-        try:
-            await self._conn.connect()
-        except TimeoutError as e:  # before OSError: TimeoutError is one
-            return _Failure("timeout", "ConnectTimeout", e)
-        except OSError as e:
-            return _Failure("connect", "ConnectError", e)
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        try:
-            return _Answer(*await self._conn.request(method, path, data))
-        except TimeoutError as e:
-            return _Failure("timeout", "ReadTimeout", e)
-        except (OSError, httptools.HttpParserError) as e:
-            return _Failure("transport", type(e).__name__, e)
-
-    def _delay(self, attempt: int, answer: _Answer | None) -> float:
-        delay = self.backoff_s * (2**attempt)
-        if answer is not None and answer.retry_after.isdigit():
-            delay = max(delay, float(answer.retry_after))
-        return delay
+        return EnvConnectionError(f"{where}: {failure.name}: {failure.error}")
 
     def _request(self, method: str, path: str, body: Any, *, safe: bool, busy_retry: bool = False) -> Any:
-        for attempt in range(self.retries + 1):
-            answer, failure = None, None
-            try:
-                r = self._sync().request(method, path, json=body)
-                answer = _Answer(r.status_code, r.content, r.headers.get("retry-after", ""))
-            except httpx.TransportError as e:
-                failure = _httpx_failure(e)
-            result = self._settle(method, path, attempt, answer, failure, safe=safe, busy_retry=busy_retry)
-            if result is not _RETRY:
-                return result
-            time.sleep(self._delay(attempt, answer))
-        raise AssertionError("unreachable")
+        """One call under :class:`HTTPClient`'s policy: ``safe`` calls are retried after a broken
+        connection or a deadline, ``busy_retry`` ones after 429/503; the JSON answer."""
+        retry = _BUSY if busy_retry else ()
+        return self._http.request_sync(method, path, body, safe=safe, retry_status=retry).json()
 
     async def _arequest(
         self, method: str, path: str, body: Any, *, safe: bool, busy_retry: bool = False
     ) -> Any:
-        self._bind_loop()
-        for attempt in range(self.retries + 1):
-            answer, failure = None, None
-            outcome = await self._asend(method, path, body)
-            if isinstance(outcome, _Failure):
-                failure = outcome
-            else:
-                answer = outcome
-            result = self._settle(method, path, attempt, answer, failure, safe=safe, busy_retry=busy_retry)
-            if result is not _RETRY:
-                return result
-            await asyncio.sleep(self._delay(attempt, answer))
-        raise AssertionError("unreachable")
-
-    def _settle(
-        self,
-        method: str,
-        path: str,
-        attempt: int,
-        answer: _Answer | None,
-        failure: _Failure | None,
-        *,
-        safe: bool,
-        busy_retry: bool,
-    ) -> Any:
-        """One attempt's outcome, shared by the sync and async paths: the JSON body, ``_RETRY``, or a typed error.
-
-        A failed connect sent nothing, so it is always retried; a timeout or a broken transport is
-        retried only for ``safe`` (idempotent) calls; 429/503 only where ``busy_retry`` says so.
-        """
-        last = attempt == self.retries
-        where = f"{method} {self.url}{path}"
-        if failure is not None:
-            if failure.kind == "connect":
-                if last:
-                    raise EnvConnectionError(f"{where}: cannot connect: {failure.error}") from failure.error
-                return _RETRY
-            if not safe or last:
-                if failure.kind == "timeout":
-                    raise EnvTimeoutError(
-                        f"{where}: {failure.name} after {self._timeout.read or 0:g} s read / "
-                        f"{self._timeout.connect or 0:g} s connect deadline"
-                    ) from failure.error
-                raise EnvConnectionError(f"{where}: {failure.name}: {failure.error}") from failure.error
-            return _RETRY
-        assert answer is not None
-        if answer.status < 400:
-            return json.loads(answer.body)
-        if not (busy_retry and answer.status in (429, 503)) or last:
-            raise _STATUS.error(answer.status, answer.body, where)
-        return _RETRY
+        retry = _BUSY if busy_retry else ()
+        return (await self._http.request(method, path, body, safe=safe, retry_status=retry)).json()
 
     def _created(self, info: dict[str, Any]) -> None:
         self.episode_id = info["episode_id"]
@@ -390,9 +271,7 @@ class RemoteEnv(Env):
             if e.status != 404:
                 raise
         finally:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+            self._http.close()
 
     async def aclose(self) -> None:
         """Async ``close``."""
@@ -404,9 +283,4 @@ class RemoteEnv(Env):
             if e.status != 404:
                 raise
         finally:
-            if self._aclient is not None:
-                await self._aclient.aclose()
-                self._aclient = None
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            await self._http.aclose()

@@ -21,11 +21,11 @@ Model errors are data, not failures: an unknown tool, arguments that are not JSO
 server rejects as invalid (``VALIDATION_ERROR``), a reply with neither a tool call nor (for a
 single-string action) text, or extra tool calls beyond the first (one action per turn) each answer
 the model with a message saying so, reward 0.0, and the episode goes on. Infrastructure failures
-raise the env server client's errors, which the trainer retries on a fresh env and never scores:
-:class:`~agentrl.envs.errors.EnvConnectionError` (cannot connect, the socket broke),
-:class:`~agentrl.envs.errors.EnvTimeoutError` (no answer within ``read_timeout``),
-:class:`~agentrl.envs.errors.ServerBusyError` (``CAPACITY_REACHED``) and
-:class:`~agentrl.envs.errors.EnvServerError` (the env raised, or any other error frame).
+raise :mod:`agentrl.envs.errors` classes, which the trainer retries on a fresh env and never
+scores: ``EnvConnectionError`` (cannot connect, the socket broke), ``EnvTimeoutError`` (no answer
+within ``read_timeout``), ``ServerBusyError`` (``CAPACITY_REACHED``), ``EnvServerError`` (the env
+raised, or any other error frame). The HTTP reads (``/metadata``, ``/schema``, ``/openapi.json``)
+go through agentrl's one HTTP client, :class:`~agentrl.httpkit.HTTPClient`.
 
 A server that is agentrl's own (``serve-env --protocol openenv``, action model ``AgentrlAction``)
 is driven without the mapping: the assistant message and the env's messages and tools pass as they are.
@@ -40,7 +40,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from websockets.asyncio.client import ClientConnection as AsyncConnection
 from websockets.asyncio.client import connect as aconnect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -56,6 +55,8 @@ from agentrl.envs.errors import (
     ServerBusyError,
 )
 from agentrl.errors import ConfigError
+from agentrl.httpkit import ErrorAnswer, StatusMap
+from agentrl.httpkit.client import Failure, HTTPClient, backoff
 from agentrl.types import FunctionSpec, Message, ToolSpec
 
 __all__ = ["OpenEnvRemoteEnv", "OpenEnvSpec", "detect_protocol", "discover"]
@@ -79,21 +80,36 @@ class OpenEnvSpec:
     """The server is agentrl's own: messages and tools pass unmapped."""
 
 
+def _not_openenv(cls: type[EnvServerError], where: str, answer: ErrorAnswer) -> EnvServerError:
+    text = f"{where}: HTTP {answer.status}: {answer.message}; is this an OpenEnv env server?"
+    return cls(text, status=answer.status, detail=answer.message)
+
+
+_NOT_OPENENV = StatusMap[EnvServerError](default=EnvServerError, build=_not_openenv)
+"""Any answer to ``/metadata`` or ``/schema`` but 200."""
+
+# the socket's options, sync and async, and the failures to open it (retried, then EnvConnectionError)
+_WS: dict[str, Any] = {"ping_interval": None, "max_size": 2**24, "proxy": None}
+_OPEN_ERRORS = (OSError, TimeoutError, InvalidHandshake, InvalidURI)
+
+
+def _probe(timeout: float) -> dict[str, Any]:
+    """One GET, no retries, ``timeout`` for connect and read: how the server is first looked at."""
+    return {"timeout_s": timeout, "connect_timeout_s": timeout, "retries": 0}
+
+
+def _unreachable(failure: Failure) -> EnvConnectionError:
+    return EnvConnectionError(f"{failure.where}: cannot reach the OpenEnv server: {failure.error}")
+
+
 def discover(url: str, timeout: float = 10.0) -> OpenEnvSpec:
     """Read an OpenEnv server's ``/metadata`` and ``/schema`` (raises the client's errors on failure)."""
     url = url.rstrip("/")
-    try:
-        with httpx.Client(base_url=url, timeout=timeout) as c:
-            meta_r, schema_r = c.get("/metadata"), c.get("/schema")
-    except httpx.TransportError as e:
-        raise EnvConnectionError(f"GET {url}/schema: cannot reach the OpenEnv server: {e}") from e
+    with HTTPClient(url, on_failure=_unreachable, **_probe(timeout)) as http:
+        meta_r, schema_r = http.request_sync("GET", "/metadata"), http.request_sync("GET", "/schema")
     for what, r in (("metadata", meta_r), ("schema", schema_r)):
-        if r.status_code != 200:
-            raise EnvServerError(
-                f"GET {url}/{what}: HTTP {r.status_code}: {r.text[:200]}; is this an OpenEnv env server?",
-                status=r.status_code,
-                detail=r.text[:200],
-            )
+        if r.status != 200:
+            raise _NOT_OPENENV.error(r.status, r.body, f"GET {url}/{what}")
     meta, schema = meta_r.json(), schema_r.json()
     action = schema.get("action") if isinstance(schema, dict) else None
     if not isinstance(action, dict):
@@ -125,14 +141,21 @@ def detect_protocol(url: str, timeout: float = 10.0) -> str:
     A server speaking both (``serve-env --protocol both``) is driven over agentrl's own protocol.
     """
     url = url.rstrip("/")
-    try:
-        r = httpx.get(f"{url}/openapi.json", timeout=timeout)
-        paths = r.json().get("paths", {}) if r.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError, AttributeError) as e:
-        raise EnvConnectionError(
-            f"cannot read {url}/openapi.json to tell the env server's protocol: {type(e).__name__}: {e}; "
+
+    def unreadable(why: str) -> EnvConnectionError:
+        return EnvConnectionError(
+            f"cannot read {url}/openapi.json to tell the env server's protocol: {why}; "
             "start the server, or name its protocol (--env-protocol agentrl|openenv)"
-        ) from e
+        )
+
+    try:
+        with HTTPClient(
+            url, on_failure=lambda f: unreadable(f"{f.name}: {f.error}"), **_probe(timeout)
+        ) as http:
+            r = http.request_sync("GET", "/openapi.json")
+        paths = r.json().get("paths", {}) if r.status == 200 else {}
+    except (ValueError, AttributeError) as e:
+        raise unreadable(f"{type(e).__name__}: {e}") from e
     if "/episodes" in paths:
         return "agentrl"
     if "/schema" in paths and ("/reset" in paths or "/mcp" in paths):
@@ -146,8 +169,7 @@ def detect_protocol(url: str, timeout: float = 10.0) -> str:
 def _tool_parameters(action: dict[str, Any]) -> dict[str, Any]:
     """The action's JSON schema as tool parameters: without OpenEnv's ``metadata`` field and the title."""
     params = {k: v for k, v in action.items() if k not in ("title", "description")}
-    props = {k: v for k, v in action.get("properties", {}).items() if k != "metadata"}
-    params["properties"] = props
+    params["properties"] = {k: v for k, v in action.get("properties", {}).items() if k != "metadata"}
     params["type"] = "object"
     if "required" in action:
         params["required"] = [r for r in action["required"] if r != "metadata"]
@@ -210,9 +232,7 @@ class OpenEnvRemoteEnv(Env):
     def tools(self) -> list[ToolSpec]:
         if self.server is None:
             return []
-        if self.server.passthrough:
-            return list(self._passthrough_tools)
-        return [self.server.tool]
+        return list(self._passthrough_tools) if self.server.passthrough else [self.server.tool]
 
     def oracle_action(self) -> Message:
         raise ConfigError(
@@ -253,22 +273,12 @@ class OpenEnvRemoteEnv(Env):
             )
             return None, [Message(role="user", content=f"No action was taken: {hint}.")], None
         first, extra = calls[0], calls[1:]
-        notes = [
-            Message(
-                role="tool",
-                tool_call_id=c.id,
-                name=c.function.name,
-                content="error: not run: one action per turn",
-            )
-            for c in extra
-        ]
+        one = "error: not run: one action per turn"
+        notes = [Message(role="tool", tool_call_id=c.id, name=c.function.name, content=one) for c in extra]
         if first.function.name != TOOL:
             msg = f"error: unknown tool {first.function.name!r}; the only tool is {TOOL!r}"
-            return (
-                None,
-                [Message(role="tool", tool_call_id=first.id, name=first.function.name, content=msg), *notes],
-                None,
-            )
+            said = Message(role="tool", tool_call_id=first.id, name=first.function.name, content=msg)
+            return None, [said, *notes], None
         try:
             args = json.loads(first.function.arguments or "{}")
         except json.JSONDecodeError as e:
@@ -287,13 +297,8 @@ class OpenEnvRemoteEnv(Env):
     def _after_step(self, answer: dict[str, Any], notes: list[Message], call_id: str | None) -> StepResult:
         self._turn += 1
         if answer.get("type") == "error" and answer.get("data", {}).get("code") == "VALIDATION_ERROR":
-            detail = _error_text(answer.get("data", {}))
-            return self._finish(
-                [self._answered(call_id, f"error: invalid action: {detail}"), *notes],
-                None,
-                False,
-                {"model_error": "invalid_action"},
-            )
+            said = self._answered(call_id, f"error: invalid action: {_error_text(answer.get('data', {}))}")
+            return self._finish([said, *notes], None, False, {"model_error": "invalid_action"})
         data = self._observation(answer, "step")
         obs = data.get("observation", {})
         info = dict(data.get("metadata") or {})
@@ -350,21 +355,23 @@ class OpenEnvRemoteEnv(Env):
             )
         return action
 
+    def _cannot_open(self, e: BaseException) -> EnvConnectionError:
+        return EnvConnectionError(f"cannot open {self.ws_url}: {type(e).__name__}: {e}")
+
+    def _no_answer(self, what: str, e: BaseException) -> EnvConnectionError | EnvTimeoutError:
+        if isinstance(e, TimeoutError):
+            return EnvTimeoutError(f"{what} on {self.ws_url}: no answer within {self.read_timeout:g} s")
+        return EnvConnectionError(f"{what} on {self.ws_url}: the connection broke: {e}")
+
     # ---------------------------------------------------------------- sync
     def _connect(self) -> ClientConnection:
         for attempt in range(self.retries + 1):
             try:
-                return connect(
-                    self.ws_url,
-                    open_timeout=self.connect_timeout,
-                    ping_interval=None,
-                    max_size=2**24,
-                    proxy=None,
-                )
-            except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as e:
+                return connect(self.ws_url, open_timeout=self.connect_timeout, **_WS)
+            except _OPEN_ERRORS as e:
                 if attempt == self.retries:
-                    raise EnvConnectionError(f"cannot open {self.ws_url}: {type(e).__name__}: {e}") from e
-                time.sleep(self.backoff_s * 2**attempt)
+                    raise self._cannot_open(e) from e
+                time.sleep(backoff(self.backoff_s, attempt))
         raise AssertionError("unreachable")
 
     def _ask(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -375,16 +382,10 @@ class OpenEnvRemoteEnv(Env):
             with contextlib.suppress(ConnectionClosed):
                 self._ws.send(json.dumps(frame))
             raw = self._ws.recv(timeout=self.read_timeout)
-        except TimeoutError as e:
+        except (TimeoutError, ConnectionClosed, OSError) as e:  # TimeoutError before OSError: it is one
             self._drop()
-            raise EnvTimeoutError(
-                f"{frame['type']} on {self.ws_url}: no answer within {self.read_timeout:g} s"
-            ) from e
-        except (ConnectionClosed, OSError) as e:
-            self._drop()
-            raise EnvConnectionError(f"{frame['type']} on {self.ws_url}: the connection broke: {e}") from e
-        answer: dict[str, Any] = json.loads(raw)
-        return answer
+            raise self._no_answer(frame["type"], e) from e
+        return dict(json.loads(raw))
 
     def _drop(self) -> None:
         ws, self._ws = self._ws, None
@@ -403,7 +404,7 @@ class OpenEnvRemoteEnv(Env):
                 self._drop()  # a full server closes the socket after its CAPACITY_REACHED frame
                 if attempt == self.retries:
                     raise
-                time.sleep(self.backoff_s * 2**attempt)
+                time.sleep(backoff(self.backoff_s, attempt))
         raise AssertionError("unreachable")
 
     def step(self, action: Message) -> StepResult:
@@ -426,35 +427,25 @@ class OpenEnvRemoteEnv(Env):
         if self._aloop is not loop:
             self._aws, self._aloop = None, loop
         if self._aws is None:
-            for attempt in range(self.retries + 1):
-                try:
-                    self._aws = await aconnect(
-                        self.ws_url,
-                        open_timeout=self.connect_timeout,
-                        ping_interval=None,
-                        max_size=2**24,
-                        proxy=None,
-                    )
-                    break
-                except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as e:
-                    if attempt == self.retries:
-                        raise EnvConnectionError(f"cannot open {self.ws_url}: {type(e).__name__}: {e}") from e
-                    await asyncio.sleep(self.backoff_s * 2**attempt)
-        assert self._aws is not None
+            self._aws = await self._aconnect()
         try:
             with contextlib.suppress(ConnectionClosed):  # as in _ask: a refusal frame may be queued
                 await self._aws.send(json.dumps(frame))
             raw = await asyncio.wait_for(self._aws.recv(), self.read_timeout)
-        except TimeoutError as e:
+        except (TimeoutError, ConnectionClosed, OSError) as e:  # TimeoutError before OSError: it is one
             await self._adrop()
-            raise EnvTimeoutError(
-                f"{frame['type']} on {self.ws_url}: no answer within {self.read_timeout:g} s"
-            ) from e
-        except (ConnectionClosed, OSError) as e:
-            await self._adrop()
-            raise EnvConnectionError(f"{frame['type']} on {self.ws_url}: the connection broke: {e}") from e
-        answer: dict[str, Any] = json.loads(raw)
-        return answer
+            raise self._no_answer(frame["type"], e) from e
+        return dict(json.loads(raw))
+
+    async def _aconnect(self) -> AsyncConnection:
+        for attempt in range(self.retries + 1):
+            try:
+                return await aconnect(self.ws_url, open_timeout=self.connect_timeout, **_WS)
+            except _OPEN_ERRORS as e:
+                if attempt == self.retries:
+                    raise self._cannot_open(e) from e
+                await asyncio.sleep(backoff(self.backoff_s, attempt))
+        raise AssertionError("unreachable")
 
     async def _adrop(self) -> None:
         ws, self._aws = self._aws, None
@@ -473,7 +464,7 @@ class OpenEnvRemoteEnv(Env):
                 await self._adrop()
                 if attempt == self.retries:
                     raise
-                await asyncio.sleep(self.backoff_s * 2**attempt)
+                await asyncio.sleep(backoff(self.backoff_s, attempt))
         raise AssertionError("unreachable")
 
     async def astep(self, action: Message) -> StepResult:

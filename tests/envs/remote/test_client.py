@@ -20,9 +20,9 @@ from agentrl.envs import (
     register,
 )
 from agentrl.envs.remote.client import RemoteEnv
-from agentrl.envs.remote.http1 import Http1Connection
 from agentrl.envs.server import ServerConfig, create_app
 from agentrl.httpkit import BackgroundServer
+from agentrl.httpkit.http1 import Http1Connection
 from agentrl.types import Message
 
 STEPS: list[str] = []  # what actually reached the env

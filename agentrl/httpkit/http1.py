@@ -1,4 +1,4 @@
-"""A lean keep-alive HTTP/1.1 client connection: the transport of :class:`~agentrl.envs.RemoteEnv`'s async path.
+"""A lean keep-alive HTTP/1.1 client connection: the fast transport of :class:`~agentrl.httpkit.HTTPClient`.
 
 An episode sends one request at a time, so it needs exactly one connection and no pool. This is
 that connection: an ``asyncio.Protocol`` that writes a request in one ``write`` and parses the
@@ -125,15 +125,20 @@ class Http1Connection:
                 )
             self._proto = proto
 
-    async def request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes, str]:
+    async def request(
+        self, method: str, path: str, body: bytes | None, read_timeout: float | None = None
+    ) -> tuple[int, bytes, str]:
         """Send one request and wait for its whole answer: ``(status, body, Retry-After or "")``.
 
-        Concurrent callers are served one after another (an episode normally sends one at a time).
+        ``read_timeout`` (default: the connection's) bounds this request. Concurrent callers are
+        served one after another (an episode normally sends one at a time).
         """
         async with self._lock:
-            return await self._request(method, path, body)
+            return await self._request(method, path, body, read_timeout or self.read_timeout)
 
-    async def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes, str]:
+    async def _request(
+        self, method: str, path: str, body: bytes | None, read_timeout: float
+    ) -> tuple[int, bytes, str]:
         await self.connect()
         proto = self._proto
         assert proto is not None and proto.transport is not None
@@ -146,7 +151,7 @@ class Http1Connection:
         done = False
         try:
             proto.transport.write(head + b"\r\n" + (body or b""))
-            async with asyncio.timeout(self.read_timeout):
+            async with asyncio.timeout(read_timeout):
                 answer = await proto.answer
             done = True
             return answer
