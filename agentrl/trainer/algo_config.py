@@ -13,7 +13,7 @@ __all__ = ["AlgoConfig"]
 AdvantageKind = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
 PolicyLossKind = Literal["ppo", "gspo", "cispo"]
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-KLEstimator = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3", "k3+"]
 RolloutCorrection = Literal["none", "tis", "mis", "icepop"]
 CorrectionLevel = Literal["token", "sequence"]
 
@@ -38,8 +38,8 @@ class AlgoConfig:
     """how per-token losses become one number"""
     kl_coef: float = 0.0
     """weight of the KL penalty to the reference (initial) model; 0 = off, no reference copy"""
-    kl_estimator: KLEstimator = "k3"
-    """k1 (log ratio), k2 (half squared log ratio) or k3 (unbiased, low variance)"""
+    kl_estimator: KLEstimator = "k3+"
+    """KL(pi || ref) estimate used as a loss: k3+ (k3's value, k2's gradient: grad KL(pi || ref)) | k2 (half squared log ratio; grad KL(pi || ref)) | k3 (unbiased value, but its gradient is grad KL(ref || pi)) | k1 (log ratio; zero expected gradient)"""
     entropy_coef: float = 0.0
     """entropy bonus weight"""
     dynamic_sampling: bool = False

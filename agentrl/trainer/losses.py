@@ -13,7 +13,8 @@ or a recompute), ``ref_logp`` and ``advantages`` do not.
 - CISPO (MiniMax-M1, 2025): ``-sg(clip(r, 1 - low, 1 + high)) * A * logp``; every
   token keeps a gradient, only its weight is clipped.
 - KL to the reference model (Schulman's estimators): k1 ``log r``, k2 ``(log r)^2 / 2``,
-  k3 ``r' - log r' - 1`` with ``r' = p_ref / p``.
+  k3 ``r' - log r' - 1`` with ``r' = p_ref / p``, and k3+ (k3's value, k2's gradient). Used as a
+  loss only k2 and k3+ have the gradient of KL(pi || ref) in expectation (:func:`kl_penalty`).
 - Aggregation: ``token-mean`` (sum over all tokens / token count), ``seq-mean-token-mean``
   (per-sequence mean, then mean), ``seq-mean-token-sum`` (per-sequence sum, then mean).
   ``num_tokens``/``num_seqs`` override the denominators so that micro-batches and
@@ -140,17 +141,45 @@ def policy_loss(
     return LossOut(loss, stats)
 
 
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token KL(pi || pi_ref) estimate from samples of pi."""
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimate from tokens sampled from pi, to be minimised as a loss.
+
+    With ``d = logp - ref_logp`` on a sampled token, every value is an estimate of KL(pi || ref)
+    (Schulman 2020, "Approximating KL divergence"); what the loss minimises is its *gradient*.
+    The loss averages over sampled tokens, so its expected gradient is
+    ``E_pi[f'(d) grad log pi]``: the sampling probability itself is not differentiated
+    (Tang & Munos 2025, "On a few pitfalls in KL divergence gradient estimation for RL"):
+
+    - ``k1`` = ``d``: unbiased value, can be negative; expected gradient ``E_pi[grad log pi] = 0``,
+      so as a loss it does nothing in expectation (only noise).
+    - ``k2`` = ``d^2 / 2``: biased value (its mean agrees with the KL to second order while pi
+      is near ref), non-negative; expected gradient ``E_pi[d grad log pi] = grad KL(pi || ref)``.
+    - ``k3`` = ``exp(-d) + d - 1``: unbiased, non-negative, low-variance value (verl's
+      ``low_var_kl``, the GRPO paper's KL term); expected gradient
+      ``E_pi[(1 - ref / pi) grad log pi] = -E_ref[grad log pi] = grad KL(ref || pi)``: the
+      forward, mass-covering KL, not the divergence it reports.
+    - ``k3+``: k3's value with k2's gradient (straight through:
+      ``sg(k3) + k2 - sg(k2)``, verl's ``k3+``): the value users log, the gradient of
+      KL(pi || ref). The default.
+
+    Per token, "gradient of KL(pi || ref)" is that of the next-token distributions' KL at the
+    visited contexts; how a token changes the later contexts is not differentiated (a partial
+    gradient of the sequence KL, Tang & Munos 2025), as in every token-level KL loss. k3's value
+    clamps ``d`` to ``[-20, 20]`` so that the exponential cannot overflow.
+    """
     log_r = logp - ref_logp.detach()
     if estimator == "k1":
         return log_r
     if estimator == "k2":
         return 0.5 * log_r**2
-    if estimator == "k3":
+    if estimator in ("k3", "k3+"):
         neg = -log_r.clamp(-20, 20)
-        return torch.exp(neg) - neg - 1
-    raise ConfigError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
+        k3 = torch.exp(neg) - neg - 1
+        if estimator == "k3":
+            return k3
+        k2 = 0.5 * log_r**2
+        return k3.detach() + k2 - k2.detach()
+    raise ConfigError(f"unknown KL estimator {estimator!r}; use k1, k2, k3 or k3+")
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

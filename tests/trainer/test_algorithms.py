@@ -10,6 +10,7 @@ import torch
 
 from agentrl.trainer import advantages as A
 from agentrl.trainer import losses as L
+from agentrl.trainer.algo_config import AlgoConfig
 
 torch.manual_seed(0)
 
@@ -183,6 +184,47 @@ def test_kl_estimators():
         for i in range(3):
             assert got[i].item() == pytest.approx(f(logp[i].item(), ref[i].item()), abs=1e-12)
     assert L.kl_penalty(logp, ref, "k3").min().item() >= 0.0
+
+
+def _expected_grad(estimator: str, logits: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """E_{a~pi}[grad estimator(a)] by exact enumeration over the actions.
+
+    Each action's term is weighted by pi(a) detached: the trainer's loss is a mean over sampled
+    tokens, whose gradient never sees the probability that chose them.
+    """
+    logp = torch.log_softmax(logits, -1)
+    per_action = L.kl_penalty(logp, ref_logp, estimator)
+    (g,) = torch.autograd.grad((logp.exp().detach() * per_action).sum(), logits)
+    return g
+
+
+def test_default_kl_estimator_gradient_is_grad_of_kl_pi_ref():
+    """By enumeration over a 5-token policy: the default's expected gradient is grad KL(pi || ref).
+
+    k3 (unbiased for the value) follows grad KL(ref || pi) instead, and k1's is zero
+    (Schulman 2020; Tang & Munos 2025, "On a few pitfalls in KL divergence gradient estimation").
+    """
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, generator=gen, dtype=torch.float64).requires_grad_()
+    ref_logp = torch.log_softmax(torch.randn(5, generator=gen, dtype=torch.float64) * 1.5, -1)
+    logp = torch.log_softmax(logits, -1)
+    kl_pi_ref = (logp.exp() * (logp - ref_logp)).sum()
+    kl_ref_pi = (ref_logp.exp() * (ref_logp - logp)).sum()
+    reverse = torch.autograd.grad(kl_pi_ref, logits, retain_graph=True)[0]  # grad KL(pi || ref)
+    forward = torch.autograd.grad(kl_ref_pi, logits)[0]  # grad KL(ref || pi)
+    assert (reverse - forward).abs().max().item() > 0.1  # the two directions differ here
+
+    default = AlgoConfig().kl_estimator
+    torch.testing.assert_close(_expected_grad(default, logits, ref_logp), reverse, rtol=1e-12, atol=1e-12)
+    for est in ("k2", "k3+"):
+        torch.testing.assert_close(_expected_grad(est, logits, ref_logp), reverse, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_expected_grad("k3", logits, ref_logp), forward, rtol=1e-12, atol=1e-12)
+    assert _expected_grad("k1", logits, ref_logp).abs().max().item() < 1e-12
+    # k3+ reports k3's value (non-negative, unbiased for KL(pi || ref)): what the `kl` metric shows
+    with torch.no_grad():
+        value = (logp.exp() * L.kl_penalty(logp, ref_logp, default)).sum()
+        torch.testing.assert_close(L.kl_penalty(logp, ref_logp, "k3+"), L.kl_penalty(logp, ref_logp, "k3"))
+        torch.testing.assert_close(value, kl_pi_ref, rtol=1e-12, atol=1e-12)
 
 
 def test_entropy_from_logits():
