@@ -4,17 +4,29 @@
 
     save(be, path, extra)    # path/config.json, model.safetensors, trainer_state.pt, agentrl_checkpoint.json
     extra = load(be, path)   # weights, optimizer, scheduler, value head back; the saved ``extra``
+    store_reference(ref, run_dir, src)  # RUN_DIR/reference once per run (a KL run); checkpoints name it
+    reference_of(path, extra)           # where a checkpoint's reference is; refuses when it has none
+    load_reference(ref_dir, like=model) # that reference, checked against the policy's parameters
 
 ``trainer_state.pt`` (optimizer, scheduler, update count, value head, the caller's ``extra``) is
 written to a temporary name and renamed into place last, so a directory that has it is complete.
 When the backend is sharded, saving gathers the full weights and optimizer state (a collective:
 every rank calls it) and rank 0 writes; loading sets each rank's shards from the full state.
+
+The KL penalty's reference is the policy RL started from (after the warm start, before the
+first update), not any checkpoint's weights. A run with ``kl_coef > 0`` writes it once, as an
+HF directory ``RUN_DIR/reference`` (fp32, the size of one ``model.safetensors``), and each
+checkpoint names it by a path relative to itself (``extra["reference"]``, ``../../reference``),
+so checkpoints cost no extra bytes. A run resumed into another run directory hard-links the
+files there (a copy where the file system cannot link), so its own checkpoints resume too.
+Every rank reads the reference from the shared run directory, as it reads the checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +37,10 @@ from agentrl.trainer.errors import CheckpointError
 if TYPE_CHECKING:
     from agentrl.trainer.backend import FSDP2Backend
 
-__all__ = ["load", "save"]
+__all__ = ["REFERENCE", "load", "load_reference", "reference_of", "save", "store_reference"]
+
+REFERENCE = "reference"
+"""the run directory's HF directory of the KL reference (the policy RL started from)"""
 
 
 def save(be: FSDP2Backend, path: str | Path, extra: dict[str, Any] | None = None) -> None:
@@ -103,3 +118,72 @@ def load(be: FSDP2Backend, path: str | Path) -> dict[str, Any]:
     if be.value_head is not None and state.get("value_head") is not None:
         be.value_head.load_state_dict(state["value_head"])
     return dict(state.get("extra") or {})
+
+
+def store_reference(ref: Any, run_dir: Path, src: Path | None = None) -> Path:
+    """``RUN_DIR/reference``: the reference ``ref`` saved (a fresh run), or ``src``'s files linked.
+
+    Rank 0 only. Written under a temporary name and renamed into place, so a directory that
+    exists is complete; a resumed run whose reference already is this directory writes nothing.
+    """
+    dest = Path(run_dir) / REFERENCE
+    if src is not None and dest.exists() and dest.resolve() == Path(src).resolve():
+        return dest
+    tmp = dest.with_name(REFERENCE + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if src is None:
+        ref.save_pretrained(str(tmp), safe_serialization=True)
+    else:
+        shutil.copytree(src, tmp, copy_function=_link_or_copy)
+    shutil.rmtree(dest, ignore_errors=True)  # a fresh run in a used run directory replaces the old one
+    os.replace(tmp, dest)
+    return dest
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or one without hard links
+        shutil.copy2(src, dst)
+
+
+def reference_of(path: str | Path, extra: dict[str, Any]) -> Path:
+    """The reference directory a checkpoint names (:func:`store_reference`); refuses when there is none.
+
+    A checkpoint without one (its run had ``kl_coef = 0``, or an older version wrote it) falls
+    back to ``RUN_DIR/reference`` beside its ``checkpoints/`` if a user put one there. There is
+    no silent fallback to the checkpoint's own weights: that would anchor the KL penalty to a
+    policy already trained, a different objective than the run's.
+    """
+    path = Path(path)
+    named = extra.get("reference")
+    ref = path / named if named else path.parent.parent / REFERENCE
+    if (ref / "config.json").exists():
+        return ref
+    if named:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} names its KL reference {named!r}, but {str(ref)!r} is missing; "
+            f"copy the run directory's {REFERENCE}/ back beside its checkpoints/"
+        )
+    raise CheckpointError(
+        f"checkpoint {str(path)!r} stores no KL reference (it was written with kl_coef = 0, or by a "
+        f"version that did not store one) and {str(ref)!r} does not exist; kl_coef > 0 needs the policy "
+        f"RL started from: put it there as a Hugging Face model directory (the base model's when the run "
+        f"had no SFT warm start), or start the run over"
+    )
+
+
+def load_reference(path: Path, like: torch.nn.Module) -> Any:
+    """The stored reference (fp32), refused unless its parameters are ``like``'s (names and shapes)."""
+    from agentrl.models import load_model
+
+    ref = load_model(path).float()
+    want = {k: tuple(v.shape) for k, v in like.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
+    if got != want:
+        diff = sorted(set(want.items()) ^ set(got.items()))[:3]
+        raise CheckpointError(
+            f"KL reference {str(path)!r} does not match the policy's parameters (first differences: "
+            f"{diff}); it must be the policy this run started RL from"
+        )
+    return ref

@@ -4,7 +4,7 @@
 
     run = _setup(cfg)                      # ranks, run dir (config.toml), runtime, backend, weight sync
     start = _warm_start_or_resume(run)     # resume: weights, optimizer, RNG, step  |  SFT on oracle episodes
-    _reference(run)                        # a frozen copy of the start weights, when kl_coef > 0
+    _reference(run)                        # kl_coef > 0: the start-of-RL policy, frozen (RUN_DIR/reference)
     _eval_start(run)                       # greedy held-out seeds: the "start of RL" number
     for step in range(start, steps):
         res   = rollout(step)              # tasks_per_step seeds × group_size episodes, whole groups
@@ -38,6 +38,7 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.trainer.algorithm import RLObjective, train_step
 from agentrl.trainer.backend import FSDP2Backend
+from agentrl.trainer.checkpoint import REFERENCE, load_reference, reference_of, store_reference
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
@@ -85,6 +86,8 @@ class _Run:
     service: RolloutService | None = None
     resumed: dict[str, Any] | None = None
     """the checkpoint's ``extra`` when the run resumed"""
+    reference: Path | None = None
+    """the KL reference's directory, which each checkpoint names (kl_coef > 0)"""
     last_eval: dict[str, float] | None = None
 
     def close(self) -> None:
@@ -307,13 +310,26 @@ def _warm_start_or_resume(run: _Run) -> int:
 
 
 def _reference(run: _Run) -> None:
-    """With ``algo.kl_coef > 0``: a frozen copy of the weights RL starts from, for the KL term."""
+    """With ``algo.kl_coef > 0``: the frozen policy RL started from (after any warm start), for the KL term.
+
+    A fresh run copies the weights it starts RL from; a resumed run loads the reference its
+    checkpoint names, never the checkpoint's own weights, so it replays the uninterrupted run.
+    Rank 0 keeps it as ``RUN_DIR/reference`` (:mod:`agentrl.trainer.checkpoint`) for the checkpoints.
+    """
     if run.cfg.algo.kl_coef <= 0:
         return
-    from agentrl.models import load_model, resolve
+    src = reference_of(run.cfg.run.resume, run.resumed) if run.resumed is not None else None
+    if src is not None:
+        ref = load_reference(src, like=run.be.model)
+        run.console.print(f"KL reference: {src}")
+    else:
+        from agentrl.models import load_model, resolve
 
-    ref = load_model(resolve(run.cfg.model.model)).float()
-    ref.load_state_dict(run.be.state_dict(all_ranks=True))
+        ref = load_model(resolve(run.cfg.model.model)).float()
+        ref.load_state_dict(run.be.state_dict(all_ranks=True))
+    run.reference = run.run_dir / REFERENCE
+    if run.rt.ranks.main:
+        store_reference(ref, run.run_dir, src)
     run.be.set_reference(ref)
 
 
@@ -408,6 +424,7 @@ def _log_eval_checkpoint(run: _Run, done: int, row: dict[str, float], task: Any,
 def _save(run: _Run, step: int) -> Path:
     """A resumable checkpoint (collective when sharded; rank 0 writes)."""
     path = run.run_dir / "checkpoints" / f"step-{step}"
+    reference = os.path.relpath(run.reference, path) if run.reference is not None else None
     run.be.save(
         path,
         extra={
@@ -416,7 +433,8 @@ def _save(run: _Run, step: int) -> Path:
             "engine_version": run.rt.engine.weight_version,
             "rollout": run.rt.ranks.gather(run.service.state()) if run.service is not None else None,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-            "meta": {"step": step},
+            "reference": reference,  # the KL reference (RUN_DIR/reference), relative to the checkpoint
+            "meta": {"step": step, "reference": reference},
         },
     )
     if run.rt.ranks.main:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 
 from agentrl.envs import make
@@ -55,6 +56,75 @@ def test_train_writes_run_dir_and_resume_reproduces_metrics(tmp_path):
     for step in (3, 4):
         for key in ("rollout/reward", "rollout/completion_tokens", "train/loss", "train/grad_norm"):
             assert rows_b[step][key] == pytest.approx(rows_a[step][key], rel=1e-4, abs=1e-6), (step, key)
+
+
+VOWELS = f"{Path(__file__).with_name('_dense_env.py')}:VowelEnv"  # a dense reward: every step has a gradient
+KL_RUN = {**FAST, "env": VOWELS, "group_size": 4, "tasks_per_step": 4, "max_new_tokens": 16, "sft_steps": 2,
+          "lr": 1e-3, "kl_coef": 0.5, "steps": 4, "checkpoint_every": 2, "engine_max_batch": 1}  # fmt: skip
+
+
+def _untimed(run: Path) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if k not in ("time", "rollout/seconds") and not k.startswith("time/")}
+        for r in read_jsonl(run / "metrics.jsonl")
+    ]
+
+
+@pytest.mark.slow
+def test_resumed_kl_run_replays_the_uninterrupted_one_bit_for_bit(tmp_path):
+    """With a KL penalty the reference is the policy RL started from (after the warm start), saved once
+    with the run and restored on resume, not the checkpoint's weights: the resumed steps' metrics
+    equal the uninterrupted run's to the last bit (the timings aside), and so do the final weights.
+    ``--engine-max-batch 1`` keeps each request's tokens independent of what decodes beside it."""
+    from safetensors.torch import load_file
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(resolve(**KL_RUN, run_dir=str(a)), console=_quiet())
+    train(resolve(**KL_RUN, resume=str(a / "checkpoints" / "step-2"), run_dir=str(b)), console=_quiet())
+    rows_a, rows_b = _untimed(a), _untimed(b)
+    after = [r for r in rows_a if r["step"] > 2]
+    assert all(r["train/kl"] > 0 for r in after if r["kind"] == "train")  # the penalty is in the loss
+    assert len({r["rollout/reward"] for r in rows_a if r["kind"] == "train"}) == 4  # non-trivial rewards
+    assert [(r["kind"], r["step"]) for r in rows_b] == [("train", 3), ("train", 4), ("eval", 4)]
+    assert rows_b == after
+    # stored once per run directory and named by each checkpoint, not copied into them
+    assert json.loads((a / "checkpoints" / "step-2" / "agentrl_checkpoint.json").read_text())[
+        "reference"
+    ] == ("../../reference")
+    assert not list((a / "checkpoints").rglob("reference*"))
+    final = {run: load_file(str(run / "checkpoints" / "step-4" / "model.safetensors")) for run in (a, b)}
+    assert final[a].keys() == final[b].keys()
+    assert all(torch.equal(final[a][k], final[b][k]) for k in final[a])
+
+
+@pytest.mark.slow
+def test_resuming_a_kl_run_without_a_stored_reference_is_refused(tmp_path, capsys):
+    """A checkpoint that stores no reference (kl_coef = 0 then, or written before references were
+    stored) never falls back to its own weights: the run stops, naming where the reference goes."""
+    train(resolve(**FAST, steps=1, run_dir=str(tmp_path / "a")), console=_quiet())
+    ckpt = tmp_path / "a" / "checkpoints" / "step-1"
+    assert not (tmp_path / "a" / "reference").exists()  # no KL, no reference copy
+    resume = ["--resume", str(ckpt), "--run-dir", str(tmp_path / "b"), "--steps", "2", "--kl-coef", "0.1"]
+    rc, _, err = _cli(capsys, "train", "--config", str(tmp_path / "a" / "config.toml"), *resume)
+    assert rc == 1 and "Traceback" not in err
+    assert "stores no KL reference" in err and str(tmp_path / "a" / "reference") in err
+    assert not (tmp_path / "b" / "checkpoints").exists()  # stopped before any update
+
+
+def test_a_checkpoint_names_its_reference_or_the_run_directory_holds_one(tmp_path):
+    from agentrl.trainer.checkpoint import reference_of
+    from agentrl.trainer.errors import CheckpointError
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-2"
+    ckpt.mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="names its KL reference '../../reference', but .* is missing"):
+        reference_of(ckpt, {"reference": "../../reference"})
+    with pytest.raises(CheckpointError, match="stores no KL reference .* start the run over"):
+        reference_of(ckpt, {"reference": None})
+    (tmp_path / "run" / "reference").mkdir()
+    (tmp_path / "run" / "reference" / "config.json").write_text("{}")  # put there by hand: used
+    assert reference_of(ckpt, {}) == ckpt.parent.parent / "reference"
+    assert reference_of(ckpt, {"reference": "../../reference"}).resolve() == tmp_path / "run" / "reference"
 
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:

@@ -186,3 +186,23 @@ def test_async_rollout_under_torchrun_trains_every_task_once_within_the_bound(wa
     tasks = [t for r in read_jsonl(run / "tasks.jsonl") for t in r["tasks"]]
     assert len(tasks) == len(set(tasks)) >= 12
     assert {t % 2 for t in tasks} == {0, 1}  # both ranks' shares were trained
+
+
+@pytest.mark.slow
+def test_a_resumed_kl_run_under_torchrun_keeps_the_start_of_rl_reference(warm_model, tmp_path):
+    """Every rank of a resumed ``kl_coef > 0`` run loads the reference the checkpoint names (the
+    policy RL started from), so the resumed step trains as in the uninterrupted run."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    kl = ["--steps", "3", "--kl-coef", "0.5", "--checkpoint-every", "2", "--engine-max-batch", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for run, resume in ((a, []), (b, ["--resume", str(a / "checkpoints" / "step-2")])):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(_free_port()), "-m", "agentrl.cli", *_args(warm_model, run), *kl, *resume]  # fmt: skip
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    ra = next(r for r in read_jsonl(a / "metrics.jsonl") if r["kind"] == "train" and r["step"] == 3)
+    rb = next(r for r in read_jsonl(b / "metrics.jsonl") if r["kind"] == "train" and r["step"] == 3)
+    assert ra["train/kl"] > 1e-4  # two updates away from the reference
+    for key in ("rollout/reward", "train/tokens", "train/kl", "train/loss", "train/grad_norm"):
+        assert rb[key] == ra[key], key
+    assert (b / "reference" / "model.safetensors").exists()  # the resumed run's own checkpoints resume too
