@@ -333,7 +333,7 @@ def test_training_at_temperature_0_7_on_vllm_starts_on_policy(
     assert main(argv) == 0
     (row,) = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert row["train/tokens"] > 0 and row["algo/zero_adv_frac"] < 1
-    assert row["train/mismatch_abs_logp"] < 1e-3, row  # 0.06 when the trainer scored log_softmax(z)
+    assert row["train/mismatch_abs_logp"] < 1e-5, row  # 0.099 when the trainer scored log_softmax(z)
     assert row["train/clip_frac"] == 0.0, row
 
 
