@@ -96,9 +96,10 @@ class FSDP2Backend:
     gradient (``entropy_coef > 0``); the loss itself is the ``objective``'s.
     ``value_head=True`` adds a :class:`ValueHead` (PPO). ``ref_model`` (frozen)
     enables the KL penalty. ``temperature`` is the rollout's sampling temperature: the policy's
-    logprobs and entropy (in the update and in :meth:`logprobs`, decoupled PPO's proximal policy) and
-    the reference's are those of ``softmax(logits / temperature)``, the distribution the engine drew
-    the tokens from; the warm start's NLL stays at 1 (:meth:`sft_step`). ``optimizer_factory`` defaults to AdamW. ``share_prompts``
+    logprobs and entropy (in the update and in :meth:`logprobs`, decoupled PPO's proximal policy)
+    and the reference's are those of ``softmax(logits / temperature)``, the distribution the engine
+    drew the tokens from; the warm start's NLL stays at 1 (:meth:`sft_step`).
+    ``optimizer_factory`` defaults to AdamW. ``share_prompts``
     runs the forward of a prompt that several rows of a micro-batch share (a GRPO group)
     once (:mod:`agentrl.trainer.prefix`; not yet when sharded, nor under activation
     checkpointing or with a value head).
@@ -205,7 +206,8 @@ class FSDP2Backend:
         prompt. ``prompts`` are the rows' :func:`~agentrl.trainer.prefix.prompt_keys` when the
         caller has them. ``entropy`` is the policy's per-token entropy, differentiable only
         when the entropy bonus is on. Both are of ``softmax(logits / temperature)``, the
-        backend's sampling temperature unless given. The forward itself is :mod:`agentrl.trainer.forward`.
+        backend's sampling temperature unless given. The forward itself is
+        :mod:`agentrl.trainer.forward`.
         """
         plan = None
         if window and self.share_prompts and not want_values:
