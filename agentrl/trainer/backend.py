@@ -95,7 +95,11 @@ class FSDP2Backend:
     ``algo`` sets the update's schedule (epochs, mini-batches) and whether the entropy carries a
     gradient (``entropy_coef > 0``); the loss itself is the ``objective``'s.
     ``value_head=True`` adds a :class:`ValueHead` (PPO). ``ref_model`` (frozen)
-    enables the KL penalty. ``optimizer_factory`` defaults to AdamW. ``share_prompts``
+    enables the KL penalty. ``temperature`` is the rollout's sampling temperature: the policy's
+    logprobs and entropy (in the update and in :meth:`logprobs`, decoupled PPO's proximal policy)
+    and the reference's are those of ``softmax(logits / temperature)``, the distribution the engine
+    drew the tokens from; the warm start's NLL stays at 1 (:meth:`sft_step`).
+    ``optimizer_factory`` defaults to AdamW. ``share_prompts``
     runs the forward of a prompt that several rows of a micro-batch share (a GRPO group)
     once (:mod:`agentrl.trainer.prefix`; not yet when sharded, nor under activation
     checkpointing or with a value head).
@@ -116,8 +120,14 @@ class FSDP2Backend:
         cpu_offload: bool = False,
         share_prompts: bool = True,
         optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+        temperature: float = 1.0,
     ) -> None:
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise BackendError(
+                f"temperature={temperature!r}: the sampling temperature must be finite and >= 0 (0: greedy)"
+            )
         self.algo, self.optim_cfg, self.objective = algo, optim, objective
+        self.temperature = temperature
         self.device = torch.device(device)
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         self.model = model.to(self.device)
@@ -184,6 +194,7 @@ class FSDP2Backend:
         window: bool = False,
         entropy: bool = False,
         prompts: list[tuple[int, ...]] | None = None,
+        temperature: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(logp, entropy | None, values | None), each (B, T-1): column t - 1 scores token t.
 
@@ -194,7 +205,9 @@ class FSDP2Backend:
         (:mod:`agentrl.trainer.prefix`). ``logp`` and ``entropy`` are then zero on the
         prompt. ``prompts`` are the rows' :func:`~agentrl.trainer.prefix.prompt_keys` when the
         caller has them. ``entropy`` is the policy's per-token entropy, differentiable only
-        when the entropy bonus is on. The forward itself is :mod:`agentrl.trainer.forward`.
+        when the entropy bonus is on. Both are of ``softmax(logits / temperature)``, the
+        backend's sampling temperature unless given. The forward itself is
+        :mod:`agentrl.trainer.forward`.
         """
         plan = None
         if window and self.share_prompts and not want_values:
@@ -208,7 +221,8 @@ class FSDP2Backend:
         if want_values and self.value_head is not None and scored.hidden is not None:
             # the value of the state before token t scores token t, like the logprob
             values = self.value_head(scored.hidden[:, :-1].float())
-        logp, ent = token_scores(scored, entropy, entropy_grad=self.algo.entropy_coef > 0)
+        T = self.temperature if temperature is None else temperature
+        logp, ent = token_scores(scored, T, entropy, entropy_grad=self.algo.entropy_coef > 0)
         return logp, ent, values
 
     @torch.no_grad()
@@ -299,7 +313,8 @@ class FSDP2Backend:
         return {k: v / count for k, v in sums.items()}
 
     def sft_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One supervised update: mean negative log-likelihood of the ``loss_mask`` tokens."""
+        """One supervised update: mean negative log-likelihood of the ``loss_mask`` tokens under the
+        plain ``softmax(logits)``, whatever the sampling temperature (see :meth:`_sft_loss`)."""
         return self._update(batch, sft=True)
 
     def _update(self, batch: TrainBatch, sft: bool = False) -> dict[str, float]:
@@ -346,7 +361,11 @@ class FSDP2Backend:
     def _sft_loss(
         self, mb: TrainBatch, num_tokens: float, prompts: list[tuple[int, ...]] | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        logp, _, _ = self._forward(self.model, mb, window=True, prompts=prompts)
+        # T = 1: the warm start fits the demonstrations, which no engine sampled, so the model itself
+        # (softmax(z)) is what learns their distribution; sampling at T later sharpens or flattens
+        # that model on purpose. Fitting softmax(z / T) instead would fit z to T times the
+        # demonstrations' logits and undo the temperature asked for.
+        logp, _, _ = self._forward(self.model, mb, window=True, prompts=prompts, temperature=1.0)
         return self.objective.sft_loss(mb, logp, num_tokens)
 
     def _micro_loss(

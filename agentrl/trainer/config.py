@@ -124,7 +124,7 @@ class RolloutConfig:
     max_turns: int | None = None
     """assistant turns per episode before it is truncated; unset = the env's own max_turns (fewer cuts episodes shorter, more is an error)"""
     temperature: float = 1.0
-    """sampling temperature for training rollouts (eval is greedy)"""
+    """sampling temperature for training rollouts; the trainer scores the sampled tokens under softmax(logits / T) too (eval is greedy)"""
     max_infra_retries: int = 2
     """retries of an episode that failed for infrastructure reasons, on a fresh env"""
     episode_timeout_s: float = 120.0

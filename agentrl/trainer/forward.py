@@ -11,8 +11,11 @@ column):
 * :func:`shared_logits`: one forward per distinct prompt and one over every row's suffix
   (:mod:`agentrl.trainer.prefix`); the prompt's columns are zero.
 
-:func:`token_scores` turns either into logprobs (and entropy) in float32. :class:`ValueHead` is
-PPO's critic on the last hidden state.
+:func:`token_scores` turns either into logprobs (and entropy) in float32, of ``softmax(logits / T)``
+with ``T`` the temperature the tokens were sampled at: the engine reports each token's logprob under
+that distribution (docs/engines.md, "Logprob semantics"), and the policy being trained is the one that
+samples, so PPO's ratio, the off-policy weights, the KL and the entropy all compare like with like.
+:class:`ValueHead` is PPO's critic on the last hidden state.
 """
 
 from __future__ import annotations
@@ -106,14 +109,19 @@ def shared_logits(model: nn.Module, mb: TrainBatch, plan: PromptPlan, cache_kw: 
 
 
 def token_scores(
-    scored: Scored, entropy: bool = False, entropy_grad: bool = False
+    scored: Scored, temperature: float = 1.0, entropy: bool = False, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(logp, entropy | None)``, each ``(B, T - 1)`` float32, zero in the columns not scored.
+    """``(logp, entropy | None)`` of ``softmax(logits / temperature)``, each ``(B, T - 1)`` float32,
+    zero in the columns not scored.
 
+    ``temperature == 0`` scores the plain logits: greedy decoding reports the argmax's logprob
+    under ``log_softmax(logits)`` (a point mass would carry no information; docs/engines.md).
     The entropy is differentiable only with ``entropy_grad`` (and grad mode on): the bonus is
     the only loss term that needs its gradient, and without it the softmax is not kept for backward.
     """
     logits = scored.logits.float()
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
     logp = scored.place(
         torch.log_softmax(logits, dim=-1).gather(-1, scored.targets.unsqueeze(-1)).squeeze(-1)
     )

@@ -215,6 +215,7 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
         activation_checkpointing=cfg.model.activation_checkpointing,
         cpu_offload=cfg.model.cpu_offload,
         share_prompts=cfg.model.share_prompts,
+        temperature=cfg.rollout.temperature,  # the trainer scores tokens under what the engine sampled
     )
     log: MetricsLogger | _NoLog = (
         MetricsLogger(

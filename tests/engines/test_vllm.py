@@ -315,6 +315,28 @@ def test_async_training_on_vllm_keeps_the_bound_and_trains_every_task_once(
     assert len(tasks) == len(set(tasks)) >= 12  # every trained task once (carried-over groups too)
 
 
+def test_training_at_temperature_0_7_on_vllm_starts_on_policy(
+    engine: VLLMEngine, server: EngineServer, tmp_path: Path
+) -> None:
+    """`--temperature 0.7` on vLLM: vLLM reports logprobs of softmax(z / 0.7) and the trainer scores
+    the same distribution, so the first update's ratio is 1 up to the engines' rounding and nothing clips."""
+    from agentrl.cli import main
+    from agentrl.trainer.metrics import read_jsonl
+
+    # a reward even for random weights, so the advantages are not 0 and the clip has tokens to act on
+    vowels = Path(__file__).parents[1] / "trainer" / "_dense_env.py"
+    run = tmp_path / "run"
+    argv = ["train", "--env", f"{vowels}:VowelEnv", "--engine", "vllm", "--engine-url", server.base_url,
+            "--steps", "1", "--tasks-per-step", "2", "--group-size", "4", "--max-new-tokens", "16",
+            "--eval-episodes", "2", "--sft-steps", "0", "--temperature", "0.7", "--clip-low", "0.01",
+            "--clip-high", "0.01", "--run-dir", str(run), "--no-progress", "--no-tensorboard"]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert row["train/tokens"] > 0 and row["algo/zero_adv_frac"] < 1
+    assert row["train/mismatch_abs_logp"] < 1e-5, row  # 0.099 when the trainer scored log_softmax(z)
+    assert row["train/clip_frac"] == 0.0, row
+
+
 def test_serve_session_engine_flags_reach_vllm(server: EngineServer) -> None:
     from agentrl.errors import ConfigError
     from agentrl.session.commands import build_manager
