@@ -78,7 +78,11 @@ class Generation:
 
     ``logprobs[i]`` is the log-probability of ``output_ids[i]`` under the
     distribution it was sampled from (see docs/engines.md). ``weight_versions[i]``
-    is the engine's weight version when token ``i`` was sampled;
+    is the engine's weight version when token ``i`` was sampled, where the engine
+    knows it (in-process engines, vLLM's spans, ``agentrl serve-engine``); a server
+    that reports no per-token versions (a real SGLang) gets every token labelled
+    with the version when the request was sent, the oldest that can have sampled
+    it. Either way a label is never newer than the weights that sampled the token.
     ``weight_version`` is the version at the end of the request.
     """
 

@@ -8,6 +8,15 @@ or is cancelled, abort, and health. Each subclass names its server's paths and b
 :data:`~agentrl.engines.http_client.ENGINE_ERRORS` (``_raise_for``) and implements
 the weight-group hooks of :class:`~agentrl.engines.weight_groups.WeightGroupEngine`. The
 HTTP plumbing (pools, deadlines, retries) is :class:`~agentrl.engines.http_client.HTTPEngineClient`'s.
+
+**Version labels.** A server that reports the version of each sampled token (vLLM's spans,
+``agentrl serve-engine``'s ``output_token_weight_versions``) is taken at its word. A token it
+does not label (all of them on a real SGLang server) carries the version this client held when
+it sent the request: the oldest that can have sampled it, since an update that lands while the
+request runs can only make its later tokens newer. Staleness is then over-reported, never
+under-reported, so ``--stale-tokens mask`` masks every token past the bound (and maybe a few
+within it). ``--requeue-stale`` needs exact labels to see a request that ran across an update,
+so the trainer refuses it with ``--engine sglang``.
 """
 
 from __future__ import annotations

@@ -114,9 +114,15 @@ class SGLangEngine(RemoteEngine):
             "return_logprob": True,
             "rid": rid,
         }
-        return self._generation(await self._post_generation("/generate", body, rid), rid, len(input_ids))
+        submitted = self._version
+        out = await self._post_generation("/generate", body, rid)
+        return self._generation(out, rid, len(input_ids), submitted)
 
-    def _generation(self, out: dict[str, Any], rid: str, prompt_len: int) -> Generation:
+    def _generation(self, out: dict[str, Any], rid: str, prompt_len: int, submitted: int) -> Generation:
+        """The answer as a ``Generation``. ``output_token_weight_versions`` (``agentrl serve-engine``'s
+        extension) labels each token exactly; a server without it (a real SGLang) reports only its
+        version at the end, so every token then carries ``submitted``, the version when the request
+        was sent (see :class:`~agentrl.engines.remote.RemoteEngine`)."""
         meta = out.get("meta_info", {})
         pairs = meta.get("output_token_logprobs") or []
         output_ids = list(out.get("output_ids") or [int(p[1]) for p in pairs])
@@ -126,7 +132,7 @@ class SGLangEngine(RemoteEngine):
             )
         version = _int_version(meta.get("weight_version"), self._version)
         self._version = max(self._version, version)
-        versions = meta.get("output_token_weight_versions") or [version] * len(output_ids)
+        versions = meta.get("output_token_weight_versions") or [submitted] * len(output_ids)
         fr = meta.get("finish_reason") or {}
         kind = fr.get("type") if isinstance(fr, dict) else fr
         reason: FinishReason = kind if kind in ("stop", "length", "abort") else "stop"

@@ -5,7 +5,8 @@ Tokens in, tokens out: ``POST /inference/v1/generate`` with ``token_ids`` and vL
 runs with ``--logprobs-mode processed_logprobs``: the log-probability under the distribution
 the token was drawn from, after temperature / top-k / top-p, as docs/engines.md defines it),
 the finish reason and vLLM's own per-token weight-version spans, which this client maps to
-``Generation.weight_versions``.
+``Generation.weight_versions`` (tokens without a span carry the version at submission, as on
+every :class:`~agentrl.engines.remote.RemoteEngine`).
 
 Weight updates (``update_weights_from_path``) are atomic for the sampler:
 
@@ -162,10 +163,14 @@ class VLLMEngine(RemoteEngine):
         )
         rid = request_id or uuid.uuid4().hex
         body = {"token_ids": ids, "request_id": rid, "sampling_params": to_vllm_sampling(params)}
+        submitted = self._version
         out = await self._post_generation("/inference/v1/generate", body, rid)
-        return self._generation(out, rid, len(ids))
+        return self._generation(out, rid, len(ids), submitted)
 
-    def _generation(self, out: dict[str, Any], rid: str, prompt_len: int) -> Generation:
+    def _generation(self, out: dict[str, Any], rid: str, prompt_len: int, submitted: int) -> Generation:
+        """The answer as a ``Generation``: vLLM's spans label their tokens; any token outside them, or all
+        when vLLM sent none, carries ``submitted``, the version when the request was sent (see
+        :class:`~agentrl.engines.remote.RemoteEngine`)."""
         try:
             choice = out["choices"][0]
             output_ids = [int(t) for t in choice.get("token_ids") or []]
@@ -179,7 +184,7 @@ class VLLMEngine(RemoteEngine):
             raise EngineUnavailableError(
                 f"{self.base_url}/inference/v1/generate returned {len(output_ids)} ids but {len(logprobs)} logprobs"
             )
-        versions = [self._version] * len(output_ids)
+        versions = [submitted] * len(output_ids)
         for span in choice.get("weight_versions") or []:
             v = self._label(span.get("version"))
             for i in range(max(0, int(span["start"])), min(len(output_ids), int(span["end"]))):
@@ -191,7 +196,7 @@ class VLLMEngine(RemoteEngine):
             output_ids=output_ids,
             logprobs=logprobs,
             finish_reason=reason,
-            weight_version=max(versions, default=self._version),
+            weight_version=max([self._version, *versions]),
             weight_versions=versions,
             request_id=rid,
             prompt_tokens=int(usage.get("prompt_tokens") or prompt_len),
