@@ -134,7 +134,7 @@ class RolloutConfig:
     overprovision: int = 0
     """asynchronous rollout: start this many groups beyond the staleness bound, so stragglers are carried over instead of delaying a batch (needs max_staleness >= 1)"""
     requeue_stale: bool = False
-    """asynchronous rollout, strict on-policy: no episode spans a weight update; groups in flight when the weights change are aborted and replayed from their start (needs max_staleness >= 1)"""
+    """asynchronous rollout, strict on-policy: no episode spans a weight update; groups in flight when the weights change are aborted and replayed from their start (needs max_staleness >= 1; not with --engine sglang, which reports no per-token versions)"""
     stale_tokens: Literal["wait", "mask"] = "wait"
     """asynchronous rollout, a straggler whose first tokens reach K versions old: 'wait' (the trainer waits for it and trains it whole) or 'mask' (the trainer never waits; tokens more than K versions old when it is trained are left out of the loss, kept as context)"""
     eval_every: int = 5
@@ -300,6 +300,11 @@ class TrainConfig:
                   "limit (`agentrl serve-engine --max-batch-size`)")  # fmt: skip
         if self.cluster.ray:
             check_ray(self)
+        if r.requeue_stale and self.model.engine == "sglang":
+            _fail("rollout", "requeue_stale", r.requeue_stale, "needs per-token weight versions to see an episode "
+                  "that ran across an update, and SGLang reports none (its tokens carry the version at "
+                  "submission, which keeps --stale-tokens mask's bound); use --stale-tokens mask, or the "
+                  "default partial rollout, or --engine vllm")  # fmt: skip
         if r.session_url and self.model.engine != "hf":
             _fail("model", "engine", self.model.engine, f"with rollout.session_url={r.session_url!r} the session "
                   "server's own engine serves the episodes; start it with `agentrl serve-session --engine "

@@ -238,6 +238,15 @@ def test_requeue_stale_needs_async():
         resolve(requeue_stale=True)
 
 
+def test_requeue_stale_is_refused_on_an_engine_without_per_token_versions():
+    """SGLang labels a request's tokens with its version at submission: a run across an update looks like one version."""
+    with pytest.raises(
+        ConfigError, match=r"rollout.requeue_stale=True: needs per-token weight versions.*SGLang"
+    ):
+        resolve(requeue_stale=True, max_staleness=1, engine="sglang", engine_url="http://127.0.0.1:30000")
+    assert resolve(stale_tokens="mask", max_staleness=1, engine="sglang", engine_url="http://127.0.0.1:30000")
+
+
 def test_mask_stale_never_waits_for_a_straggler_and_trains_only_its_tokens_within_k(loop):
     rollout = Spanning(seconds=lambda k: 0.5 if k == 0 else 0.01)
     svc = _service(rollout, loop, max_staleness=1, stale_tokens="mask")
