@@ -5,11 +5,12 @@
     stats = train_step(cfg, rt, backend, groups)   # the update of one RL step; its train/* metrics
     be = FSDP2Backend(model, algo, optim, objective=RLObjective(algo))   # the loss, handed to the backend
 
-1. **Rewards**: one scalar per trajectory, its episode's reward (:func:`advantages`).
-2. **Shaping and filtering**: DAPO's soft overlong penalty, then dynamic sampling drops the groups
-   whose rewards are all equal (no signal).
+1. **Rewards**: one scalar per *episode* (:func:`advantages`), however many trajectories (ledger
+   segments) it was cut into: every statistic below counts an episode once.
+2. **Shaping and filtering**: DAPO's soft overlong penalty (on the episode's longest turn), then
+   dynamic sampling drops the groups whose rewards are all equal (no signal).
 3. **Advantages**: a group estimator (GRPO, Dr.GRPO, RLOO, REINFORCE++; :mod:`agentrl.trainer.advantages`)
-   gives one scalar per trajectory, broadcast over its sampled tokens; PPO instead puts the shaped
+   gives one scalar per episode, broadcast to all its trajectories and over their sampled tokens; PPO instead puts the shaped
    reward on the last sampled token and runs GAE over the value head (:func:`train_step`). Every rank
    computes the same advantages over the whole step, then trains its own rows.
 4. **Per-token terms** (:class:`RLObjective`): the clipped policy surrogate (decoupled PPO's against the
@@ -55,23 +56,23 @@ __all__ = ["RLObjective", "advantages", "make_backend", "train_step"]
 
 
 def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], torch.Tensor, dict[str, float]]:
-    """The step's trajectories and one scalar each: its group advantage, or (GAE) its shaped reward."""
+    """The step's trajectories and one scalar each: its episode's group advantage, or (GAE) its shaped reward.
+
+    Every statistic is over *episodes*, one reward each, never over rows: an episode whose session
+    was cut into k ledger segments is k trajectories, and counting it k times would make the
+    baseline depend on the episode's own actions (k does). The overlong penalty, dynamic sampling
+    and the group estimator all see one entry per episode; each episode's value is then broadcast
+    to every one of its trajectories.
+    """
     a, r = cfg.algo, cfg.rollout
-    trajs, rewards, gids, lengths = [], [], [], []
-    for gi, group in enumerate(groups):
-        for ep in group:
-            for t in ep.trajectories:
-                trajs.append(t)
-                rewards.append(ep.reward)
-                gids.append(gi)
-                lengths.append(max((s.end - s.start for s in t.turn_spans), default=t.num_sampled))
-    rew = torch.tensor(rewards, dtype=torch.float32)
-    gid = torch.tensor(gids)
+    episodes = [ep for group in groups for ep in group]
+    rew = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
+    gid = torch.tensor([gi for gi, group in enumerate(groups) for _ in group], dtype=torch.long)
     info: dict[str, float] = {}
     if a.overlong_buffer:
-        pen = L.overlong_penalty(
-            torch.tensor(lengths), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty
-        )
+        # the episode's longest turn: max_new_tokens caps each turn, so that is the one that runs into it
+        lengths = torch.tensor([_longest_turn(ep) for ep in episodes])
+        pen = L.overlong_penalty(lengths, r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
         rew = rew + pen
         info["algo/overlong_penalty"] = float(pen.mean())
     if a.dynamic_sampling:
@@ -79,14 +80,23 @@ def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], to
         info["algo/dynamic_sampling_kept"] = float(keep.float().mean())
         if not bool(keep.any()):
             return [], torch.zeros(0), info
-        idx = keep.nonzero().squeeze(-1).tolist()
-        trajs = [trajs[i] for i in idx]
+        episodes = [episodes[i] for i in keep.nonzero().squeeze(-1).tolist()]
         rew, gid = rew[keep], gid[keep]
+    trajs = [t for ep in episodes for t in ep.trajectories]
+    segments = torch.tensor([len(ep.trajectories) for ep in episodes], dtype=torch.long)
     if a.advantage_kind == "gae":
-        return trajs, rew, info
-    adv = A.group_advantages(a.advantage_kind, rew, gid)
+        return trajs, rew.repeat_interleave(segments), info
+    adv = A.group_advantages(a.advantage_kind, rew, gid).repeat_interleave(segments)
     info["algo/zero_adv_frac"] = float((adv.abs() < 1e-8).float().mean())
     return trajs, adv, info
+
+
+def _longest_turn(ep: Any) -> int:
+    """The most tokens the episode sampled in one turn, over all its segments."""
+    return max(
+        (max((s.end - s.start for s in t.turn_spans), default=t.num_sampled) for t in ep.trajectories),
+        default=0,
+    )
 
 
 def _gae_batch(
