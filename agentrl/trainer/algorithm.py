@@ -17,9 +17,10 @@
    proximal policy, with its behaviour weight), the entropy bonus, the KL penalty to the reference
    model, PPO's clipped value loss.
 5. **Aggregation**: each term is reduced by ``algo.loss_agg`` with the *global* token and sequence
-   counts of the mini-batch, so a micro-batch's loss is its share of the mini-batch loss and summing
-   the micro-batch gradients over micro-batches and ranks gives the full-batch gradient
-   (:mod:`agentrl.trainer.backend`). The warm start's loss is the NLL of the trained tokens.
+   counts of the mini-batch (a ``seq-mean-*`` sequence is an episode, over all its segments), so a
+   micro-batch's loss is its share of the mini-batch loss and summing the micro-batch gradients over
+   micro-batches and ranks gives the full-batch gradient (:mod:`agentrl.trainer.backend`). The warm
+   start's loss is the NLL of the trained tokens.
 
 The kernels are pure functions: :mod:`agentrl.trainer.losses` (surrogates, KL, value loss,
 aggregation, DAPO's shaping) and :mod:`agentrl.trainer.offpolicy` (decoupled PPO's correction).
@@ -44,7 +45,7 @@ from agentrl.trainer import advantages as A
 from agentrl.trainer import losses as L
 from agentrl.trainer import offpolicy as O
 from agentrl.trainer.backend import FSDP2Backend
-from agentrl.trainer.batch import TrainBatch, from_trajectories
+from agentrl.trainer.batch import TrainBatch, from_trajectories, trained_tokens
 from agentrl.trainer.config import AlgoConfig, OptimConfig, TrainConfig
 from agentrl.trainer.errors import BackendError
 from agentrl.trainer.runtime import Runtime
@@ -99,13 +100,29 @@ def _longest_turn(ep: Any) -> int:
     )
 
 
+def _episode_tokens(groups: list[list[Any]], trajs: list[Any]) -> list[int]:
+    """Per trajectory, the trained tokens of its episode over all its segments (``seq-mean-*``'s unit)."""
+    per_ep = {
+        id(t): sum(trained_tokens(s) for s in ep.trajectories)
+        for g in groups
+        for ep in g
+        for t in ep.trajectories
+    }
+    return [per_ep[id(t)] for t in trajs]
+
+
 def _gae_batch(
-    cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, trajs: list[Any], rewards: torch.Tensor
+    cfg: TrainConfig,
+    rt: Runtime,
+    be: FSDP2Backend,
+    trajs: list[Any],
+    rewards: torch.Tensor,
+    ep_tok: list[int],
 ) -> TrainBatch:
     """PPO: the (shaped) episode reward on the last sampled token, GAE over the critic, normalised
     advantages over the whole step's sampled tokens."""
     a = cfg.algo
-    batch = from_trajectories(trajs, [0.0] * len(trajs), pad_id=rt.pad_id)
+    batch = from_trajectories(trajs, [0.0] * len(trajs), pad_id=rt.pad_id, episode_tokens=ep_tok)
     last = (batch.loss_mask.cumsum(-1) == batch.loss_mask.sum(-1, keepdim=True)) & (batch.loss_mask > 0)
     batch.token_rewards = last.float() * rewards[:, None]
     batch.old_values = be.values(batch)
@@ -122,16 +139,22 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
     """Advantages over the whole step's batch (the same on every rank), then this rank's rows."""
     trajs, adv, info = advantages(cfg, groups)
     a, ranks = cfg.algo, rt.ranks
+    ep_tok = _episode_tokens(groups, trajs)
     if len(trajs) < ranks.world * a.num_minibatches:
         # every rank sees the same trajs, so all of them skip together
         return {**info, "train/skipped": 1.0, "train/samples": float(len(trajs))}
     mine = ranks.shard(range(len(trajs)))
     if a.advantage_kind == "gae":
-        batch = _gae_batch(cfg, rt, be, trajs, adv)
+        batch = _gae_batch(cfg, rt, be, trajs, adv, ep_tok)
         if ranks.world > 1:
             batch = batch.select(mine)
     else:
-        batch = from_trajectories([trajs[i] for i in mine], [float(adv[i]) for i in mine], pad_id=rt.pad_id)
+        batch = from_trajectories(
+            [trajs[i] for i in mine],
+            [float(adv[i]) for i in mine],
+            pad_id=rt.pad_id,
+            episode_tokens=[ep_tok[i] for i in mine],
+        )
     if a.kl_coef > 0:
         batch.ref_logp = be.ref_logprobs(batch)
     if a.decoupled:  # decoupled PPO's proximal policy: the weights before this step's first update
@@ -174,7 +197,8 @@ class RLObjective:
         """
         a = self.algo
         mask = mb.loss_mask[:, 1:]
-        agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        ep_tok = None if mb.episode_tokens is None else mb.episode_tokens[:, 0]
+        agg: dict[str, Any] = {"num_tokens": num_tokens, "num_seqs": num_seqs, "seq_tokens": ep_tok}
         loss, stats = self._policy_term(mb, logp, mask, agg)
         if a.entropy_coef > 0:
             ent = L.aggregate(ent_tok, mask, a.loss_agg, **agg)
@@ -208,7 +232,7 @@ class RLObjective:
         return loss, stats
 
     def _policy_term(
-        self, mb: TrainBatch, logp: torch.Tensor, mask: torch.Tensor, agg: dict[str, float]
+        self, mb: TrainBatch, logp: torch.Tensor, mask: torch.Tensor, agg: dict[str, Any]
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped policy-gradient loss and its stats (``_tok`` sums, plus ``pg_loss``).
 

@@ -5,18 +5,25 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from agentrl.trainer import advantages as A
-from agentrl.trainer import losses as L
-from agentrl.trainer.algo_config import AlgoConfig
-from agentrl.trainer.algorithm import advantages
-from agentrl.trainer.config import RolloutConfig, TrainConfig
-from agentrl.trainer.rollout import Episode
-from agentrl.types import Trajectory, TurnSpan
+sys.path.insert(0, str(Path(__file__).parent))
+from _tiny import tiny_model  # noqa: E402
+
+from agentrl.trainer import advantages as A  # noqa: E402
+from agentrl.trainer import losses as L  # noqa: E402
+from agentrl.trainer.algo_config import AlgoConfig  # noqa: E402
+from agentrl.trainer.algorithm import advantages, make_backend, train_step  # noqa: E402
+from agentrl.trainer.config import OptimConfig, RolloutConfig, TrainConfig  # noqa: E402
+from agentrl.trainer.distributed import Ranks  # noqa: E402
+from agentrl.trainer.rollout import Episode  # noqa: E402
+from agentrl.types import Trajectory, TurnSpan  # noqa: E402
 
 
 def _traj(turns: list[int], tag: int = 0) -> Trajectory:
@@ -151,3 +158,29 @@ def test_single_segment_episodes_are_unchanged(kind, shaping):
     ref_trajs, ref = _rows_reference(cfg, groups)
     assert trajs == ref_trajs
     assert torch.equal(adv, ref)
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("split", [True, False])
+def test_seq_mean_aggregation_counts_each_episode_once(mode, split):
+    # Dr.GRPO: the 8-token episode (reward 1) gets +0.5, the 2-token one -0.5. On-policy (ratio 1)
+    # the loss is -(the seq-mean of A), the same whether the first episode is one segment or two
+    first = [[3], [5]] if split else [[3, 5]]
+    group = [_episode(1.0, first), _episode(0.0, [[2]])]
+    cfg = TrainConfig(
+        rollout=RolloutConfig(group_size=2),
+        algo=AlgoConfig(advantage="dr_grpo", loss_agg=mode),
+        optim=OptimConfig(lr=1e-2),
+    )
+    be = make_backend(tiny_model(), cfg.algo, cfg.optim)
+    update = be.train_step
+
+    def on_policy(batch):
+        batch.old_logp = be.logprobs(batch) * batch.loss_mask
+        return update(batch)
+
+    be.train_step = on_policy  # type: ignore[method-assign]
+    rt = SimpleNamespace(ranks=Ranks(), pad_id=0, engine=SimpleNamespace(weight_version=0))
+    stats = train_step(cfg, rt, be, [group])  # type: ignore[arg-type]
+    per_episode = [0.5, -0.5] if mode == "seq-mean-token-mean" else [8 * 0.5, 2 * -0.5]
+    assert stats["train/loss"] == pytest.approx(-sum(per_episode) / 2, abs=1e-6)
