@@ -2,8 +2,12 @@
 
 Pure tensor functions. Group-based estimators take ``rewards`` of shape
 ``(N,)`` and integer ``group_ids`` of shape ``(N,)`` (episodes of one task share
-an id) and return one advantage per episode, broadcast later over its sampled
-tokens. :func:`gae` works per token with a critic.
+an id) and return one advantage per episode, broadcast later to the episode's
+trajectories and over their sampled tokens. An entry is an *episode*, never a
+trajectory: an episode cut into k ledger segments counted k times would enter
+its own baseline k times, and since k depends on its actions the baseline would
+no longer be independent of them (:func:`agentrl.trainer.algorithm.advantages`
+gives one entry per episode). :func:`gae` works per token with a critic.
 
 - GRPO (Shao et al. 2024, DeepSeekMath, eq. 3): ``(r - mean_g) / (std_g + eps)``.
 - Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): ``r - mean_g``
@@ -29,7 +33,7 @@ EPS = 1e-6
 def _group_stats(
     rewards: torch.Tensor, group_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-episode (group mean, group unbiased std, group size)."""
+    """Per entry (one per episode): its group's mean, unbiased std and size."""
     _, inv, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     r = rewards.to(torch.float64)
     sums = torch.zeros(len(counts), dtype=torch.float64).index_add_(0, inv, r)

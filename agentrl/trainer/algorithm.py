@@ -5,20 +5,22 @@
     stats = train_step(cfg, rt, backend, groups)   # the update of one RL step; its train/* metrics
     be = FSDP2Backend(model, algo, optim, objective=RLObjective(algo))   # the loss, handed to the backend
 
-1. **Rewards**: one scalar per trajectory, its episode's reward (:func:`advantages`).
-2. **Shaping and filtering**: DAPO's soft overlong penalty, then dynamic sampling drops the groups
-   whose rewards are all equal (no signal).
+1. **Rewards**: one scalar per *episode* (:func:`advantages`), however many trajectories (ledger
+   segments) it was cut into: every statistic below counts an episode once.
+2. **Shaping and filtering**: DAPO's soft overlong penalty (on the episode's longest turn), then
+   dynamic sampling drops the groups whose rewards are all equal (no signal).
 3. **Advantages**: a group estimator (GRPO, Dr.GRPO, RLOO, REINFORCE++; :mod:`agentrl.trainer.advantages`)
-   gives one scalar per trajectory, broadcast over its sampled tokens; PPO instead puts the shaped
+   gives one scalar per episode, broadcast to all its trajectories and over their sampled tokens; PPO instead puts the shaped
    reward on the last sampled token and runs GAE over the value head (:func:`train_step`). Every rank
    computes the same advantages over the whole step, then trains its own rows.
 4. **Per-token terms** (:class:`RLObjective`): the clipped policy surrogate (decoupled PPO's against the
    proximal policy, with its behaviour weight), the entropy bonus, the KL penalty to the reference
    model, PPO's clipped value loss.
 5. **Aggregation**: each term is reduced by ``algo.loss_agg`` with the *global* token and sequence
-   counts of the mini-batch, so a micro-batch's loss is its share of the mini-batch loss and summing
-   the micro-batch gradients over micro-batches and ranks gives the full-batch gradient
-   (:mod:`agentrl.trainer.backend`). The warm start's loss is the NLL of the trained tokens.
+   counts of the mini-batch (a ``seq-mean-*`` sequence is an episode, over all its segments), so a
+   micro-batch's loss is its share of the mini-batch loss and summing the micro-batch gradients over
+   micro-batches and ranks gives the full-batch gradient (:mod:`agentrl.trainer.backend`). The warm
+   start's loss is the NLL of the trained tokens.
 
 The kernels are pure functions: :mod:`agentrl.trainer.losses` (surrogates, KL, value loss,
 aggregation, DAPO's shaping) and :mod:`agentrl.trainer.offpolicy` (decoupled PPO's correction).
@@ -43,7 +45,7 @@ from agentrl.trainer import advantages as A
 from agentrl.trainer import losses as L
 from agentrl.trainer import offpolicy as O
 from agentrl.trainer.backend import FSDP2Backend
-from agentrl.trainer.batch import TrainBatch, from_trajectories
+from agentrl.trainer.batch import TrainBatch, from_trajectories, trained_tokens
 from agentrl.trainer.config import AlgoConfig, OptimConfig, TrainConfig
 from agentrl.trainer.errors import BackendError
 from agentrl.trainer.runtime import Runtime
@@ -55,23 +57,23 @@ __all__ = ["RLObjective", "advantages", "make_backend", "train_step"]
 
 
 def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], torch.Tensor, dict[str, float]]:
-    """The step's trajectories and one scalar each: its group advantage, or (GAE) its shaped reward."""
+    """The step's trajectories and one scalar each: its episode's group advantage, or (GAE) its shaped reward.
+
+    Every statistic is over *episodes*, one reward each, never over rows: an episode whose session
+    was cut into k ledger segments is k trajectories, and counting it k times would make the
+    baseline depend on the episode's own actions (k does). The overlong penalty, dynamic sampling
+    and the group estimator all see one entry per episode; each episode's value is then broadcast
+    to every one of its trajectories.
+    """
     a, r = cfg.algo, cfg.rollout
-    trajs, rewards, gids, lengths = [], [], [], []
-    for gi, group in enumerate(groups):
-        for ep in group:
-            for t in ep.trajectories:
-                trajs.append(t)
-                rewards.append(ep.reward)
-                gids.append(gi)
-                lengths.append(max((s.end - s.start for s in t.turn_spans), default=t.num_sampled))
-    rew = torch.tensor(rewards, dtype=torch.float32)
-    gid = torch.tensor(gids)
+    episodes = [ep for group in groups for ep in group]
+    rew = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
+    gid = torch.tensor([gi for gi, group in enumerate(groups) for _ in group], dtype=torch.long)
     info: dict[str, float] = {}
     if a.overlong_buffer:
-        pen = L.overlong_penalty(
-            torch.tensor(lengths), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty
-        )
+        # the episode's longest turn: max_new_tokens caps each turn, so that is the one that runs into it
+        lengths = torch.tensor([_longest_turn(ep) for ep in episodes])
+        pen = L.overlong_penalty(lengths, r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
         rew = rew + pen
         info["algo/overlong_penalty"] = float(pen.mean())
     if a.dynamic_sampling:
@@ -79,23 +81,48 @@ def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], to
         info["algo/dynamic_sampling_kept"] = float(keep.float().mean())
         if not bool(keep.any()):
             return [], torch.zeros(0), info
-        idx = keep.nonzero().squeeze(-1).tolist()
-        trajs = [trajs[i] for i in idx]
+        episodes = [episodes[i] for i in keep.nonzero().squeeze(-1).tolist()]
         rew, gid = rew[keep], gid[keep]
+    trajs = [t for ep in episodes for t in ep.trajectories]
+    segments = torch.tensor([len(ep.trajectories) for ep in episodes], dtype=torch.long)
     if a.advantage_kind == "gae":
-        return trajs, rew, info
-    adv = A.group_advantages(a.advantage_kind, rew, gid)
+        return trajs, rew.repeat_interleave(segments), info
+    adv = A.group_advantages(a.advantage_kind, rew, gid).repeat_interleave(segments)
     info["algo/zero_adv_frac"] = float((adv.abs() < 1e-8).float().mean())
     return trajs, adv, info
 
 
+def _longest_turn(ep: Any) -> int:
+    """The most tokens the episode sampled in one turn, over all its segments."""
+    return max(
+        (max((s.end - s.start for s in t.turn_spans), default=t.num_sampled) for t in ep.trajectories),
+        default=0,
+    )
+
+
+def _episode_tokens(groups: list[list[Any]], trajs: list[Any]) -> list[int]:
+    """Per trajectory, the trained tokens of its episode over all its segments (``seq-mean-*``'s unit)."""
+    per_ep = {
+        id(t): sum(trained_tokens(s) for s in ep.trajectories)
+        for g in groups
+        for ep in g
+        for t in ep.trajectories
+    }
+    return [per_ep[id(t)] for t in trajs]
+
+
 def _gae_batch(
-    cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, trajs: list[Any], rewards: torch.Tensor
+    cfg: TrainConfig,
+    rt: Runtime,
+    be: FSDP2Backend,
+    trajs: list[Any],
+    rewards: torch.Tensor,
+    ep_tok: list[int],
 ) -> TrainBatch:
     """PPO: the (shaped) episode reward on the last sampled token, GAE over the critic, normalised
     advantages over the whole step's sampled tokens."""
     a = cfg.algo
-    batch = from_trajectories(trajs, [0.0] * len(trajs), pad_id=rt.pad_id)
+    batch = from_trajectories(trajs, [0.0] * len(trajs), pad_id=rt.pad_id, episode_tokens=ep_tok)
     last = (batch.loss_mask.cumsum(-1) == batch.loss_mask.sum(-1, keepdim=True)) & (batch.loss_mask > 0)
     batch.token_rewards = last.float() * rewards[:, None]
     batch.old_values = be.values(batch)
@@ -112,16 +139,22 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
     """Advantages over the whole step's batch (the same on every rank), then this rank's rows."""
     trajs, adv, info = advantages(cfg, groups)
     a, ranks = cfg.algo, rt.ranks
+    ep_tok = _episode_tokens(groups, trajs)
     if len(trajs) < ranks.world * a.num_minibatches:
         # every rank sees the same trajs, so all of them skip together
         return {**info, "train/skipped": 1.0, "train/samples": float(len(trajs))}
     mine = ranks.shard(range(len(trajs)))
     if a.advantage_kind == "gae":
-        batch = _gae_batch(cfg, rt, be, trajs, adv)
+        batch = _gae_batch(cfg, rt, be, trajs, adv, ep_tok)
         if ranks.world > 1:
             batch = batch.select(mine)
     else:
-        batch = from_trajectories([trajs[i] for i in mine], [float(adv[i]) for i in mine], pad_id=rt.pad_id)
+        batch = from_trajectories(
+            [trajs[i] for i in mine],
+            [float(adv[i]) for i in mine],
+            pad_id=rt.pad_id,
+            episode_tokens=[ep_tok[i] for i in mine],
+        )
     if a.kl_coef > 0:
         batch.ref_logp = be.ref_logprobs(batch)
     if a.decoupled:  # decoupled PPO's proximal policy: the weights before this step's first update
@@ -164,7 +197,8 @@ class RLObjective:
         """
         a = self.algo
         mask = mb.loss_mask[:, 1:]
-        agg = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+        ep_tok = None if mb.episode_tokens is None else mb.episode_tokens[:, 0]
+        agg: dict[str, Any] = {"num_tokens": num_tokens, "num_seqs": num_seqs, "seq_tokens": ep_tok}
         loss, stats = self._policy_term(mb, logp, mask, agg)
         if a.entropy_coef > 0:
             ent = L.aggregate(ent_tok, mask, a.loss_agg, **agg)
@@ -198,7 +232,7 @@ class RLObjective:
         return loss, stats
 
     def _policy_term(
-        self, mb: TrainBatch, logp: torch.Tensor, mask: torch.Tensor, agg: dict[str, float]
+        self, mb: TrainBatch, logp: torch.Tensor, mask: torch.Tensor, agg: dict[str, Any]
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped policy-gradient loss and its stats (``_tok`` sums, plus ``pg_loss``).
 

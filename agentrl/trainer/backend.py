@@ -319,7 +319,7 @@ class FSDP2Backend:
 
     def _update(self, batch: TrainBatch, sft: bool = False) -> dict[str, float]:
         num_tokens = self._all_sum(float(batch.loss_mask[:, 1:].sum()))
-        num_seqs = self._all_sum(float(len(batch)))
+        num_seqs = self._all_sum(batch.episodes)  # seq-mean-* counts episodes, not segments
         if num_tokens == 0:
             raise BackendError("mini-batch has no sampled tokens to train on (all loss masks are 0)")
         # each row's prompt, computed once: it packs micro-batches by group and plans their shared forwards

@@ -17,7 +17,7 @@ import torch
 from agentrl.trainer.errors import BackendError
 from agentrl.types import Trajectory
 
-__all__ = ["TrainBatch", "from_trajectories", "token_budget_microbatches"]
+__all__ = ["TrainBatch", "from_trajectories", "token_budget_microbatches", "trained_tokens"]
 
 
 @dataclass
@@ -42,6 +42,8 @@ class TrainBatch:
     """(B, T) value targets (PPO)"""
     token_rewards: torch.Tensor | None = None
     """(B, T) per-token rewards, the episode reward on the last sampled token (PPO/GAE)"""
+    episode_tokens: torch.Tensor | None = None
+    """(B, 1) sampled tokens of the row's episode over all its segments (None: each row is an episode)"""
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -49,6 +51,14 @@ class TrainBatch:
     @property
     def lengths(self) -> torch.Tensor:
         return self.attention_mask.sum(-1)
+
+    @property
+    def episodes(self) -> float:
+        """How many episodes the rows make up: a row counts its share of its episode's sampled tokens."""
+        if self.episode_tokens is None:
+            return float(len(self))
+        rows = self.loss_mask[:, 1:].sum(-1)
+        return float((rows / self.episode_tokens[:, 0].clamp(min=1.0)).sum())
 
     def select(self, idx: Sequence[int] | torch.Tensor) -> TrainBatch:
         """Rows ``idx``, trimmed to their longest row."""
@@ -69,13 +79,25 @@ class TrainBatch:
 
 
 def from_trajectories(
-    trajs: Sequence[Trajectory], advantages: Sequence[float] | torch.Tensor, *, pad_id: int = 0
+    trajs: Sequence[Trajectory],
+    advantages: Sequence[float] | torch.Tensor,
+    *,
+    pad_id: int = 0,
+    episode_tokens: Sequence[float] | None = None,
 ) -> TrainBatch:
-    """Pad trajectories into a batch; each episode's scalar advantage covers its sampled tokens."""
+    """Pad trajectories into a batch; each episode's scalar advantage covers its sampled tokens.
+
+    ``episode_tokens``: per row, the trained tokens of its episode over all its segments
+    (:func:`trained_tokens` summed), so that ``seq-mean-*`` aggregation counts episodes.
+    """
     if not trajs:
         raise BackendError("cannot build a training batch from 0 trajectories")
     if len(advantages) != len(trajs):
         raise BackendError(f"{len(advantages)} advantages for {len(trajs)} trajectories; they must match")
+    if episode_tokens is not None and len(episode_tokens) != len(trajs):
+        raise BackendError(
+            f"{len(episode_tokens)} episode token counts for {len(trajs)} trajectories; give one per row"
+        )
     T = max(len(t.token_ids) for t in trajs)
     B = len(trajs)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -96,7 +118,13 @@ def from_trajectories(
         sampled = m.nonzero()
         if len(sampled):
             rew[i, int(sampled[-1])] = t.reward
-    return TrainBatch(ids, att, lm, olp, adv, token_rewards=rew)
+    ep = None if episode_tokens is None else torch.tensor(episode_tokens, dtype=torch.float32)[:, None]
+    return TrainBatch(ids, att, lm, olp, adv, token_rewards=rew, episode_tokens=ep)
+
+
+def trained_tokens(t: Trajectory) -> int:
+    """The tokens of ``t`` a batch trains: its sampled ones but token 0 (it has no context)."""
+    return sum(t.loss_mask[1:])
 
 
 def token_budget_microbatches(

@@ -18,7 +18,9 @@ or a recompute), ``ref_logp`` and ``advantages`` do not.
 - Aggregation: ``token-mean`` (sum over all tokens / token count), ``seq-mean-token-mean``
   (per-sequence mean, then mean), ``seq-mean-token-sum`` (per-sequence sum, then mean).
   ``num_tokens``/``num_seqs`` override the denominators so that micro-batches and
-  ranks add up to exactly the full-batch loss.
+  ranks add up to exactly the full-batch loss. A "sequence" is an episode: with
+  ``seq_tokens`` (each row's episode's sampled tokens, over all its segments) a row's
+  tokens are averaged over its whole episode, and ``num_seqs`` counts episodes.
 - DAPO dynamic sampling (drop constant-reward groups) and overlong reward shaping.
 - PPO value loss with clipping (as in OpenAI baselines' ppo2).
 
@@ -59,13 +61,18 @@ def aggregate(
     *,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    seq_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce a ``(B, T)`` per-token loss to a scalar (see the module docstring for modes)."""
+    """Reduce a ``(B, T)`` per-token loss to a scalar (see the module docstring for modes).
+
+    ``seq_tokens`` ``(B,)``: the sampled tokens of each row's episode, which ``seq-mean-token-mean``
+    divides by (None: each row is its own episode); ``num_seqs`` is then the number of episodes.
+    """
     m = mask.to(per_token.dtype)
     if mode == "token-mean":
         denom = num_tokens if num_tokens is not None else m.sum().clamp(min=1.0)
         return (per_token * m).sum() / denom
-    seq_tok = m.sum(-1)
+    seq_tok = m.sum(-1) if seq_tokens is None else seq_tokens.to(per_token.dtype)
     n_seq = num_seqs if num_seqs is not None else max(per_token.shape[0], 1)
     if mode == "seq-mean-token-mean":
         return ((per_token * m).sum(-1) / seq_tok.clamp(min=1.0)).sum() / n_seq
@@ -93,6 +100,7 @@ def policy_loss(
     agg: str = "token-mean",
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    seq_tokens: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
 ) -> LossOut:
     """The clipped surrogate of ``kind`` (ppo | gspo | cispo); ``advantages`` is ``(B, T)``.
@@ -131,7 +139,7 @@ def policy_loss(
         raise ConfigError(f"unknown policy loss {kind!r}; use ppo, gspo or cispo")
     if weights is not None:
         per_tok = per_tok * weights.detach()
-    loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs, seq_tokens=seq_tokens)
     with torch.no_grad():
         stats = {
             "clip_frac": _masked_mean(clipped, m),
@@ -198,6 +206,7 @@ def value_loss(
     agg: str = "token-mean",
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    seq_tokens: torch.Tensor | None = None,
 ) -> LossOut:
     """``0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)``, aggregated."""
     old_values, returns = old_values.detach(), returns.detach()
@@ -206,7 +215,7 @@ def value_loss(
     l2 = (v_clipped - returns) ** 2
     per_tok = 0.5 * torch.maximum(l1, l2)
     m = mask.to(values.dtype)
-    loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs, seq_tokens=seq_tokens)
     return LossOut(loss, {"vf_clip_frac": _masked_mean((l2 > l1).to(values.dtype), m)})
 
 
