@@ -377,6 +377,15 @@ def test_a_failing_cell_is_a_failure_even_with_its_stderr_silenced(sandbox: Sand
     assert r.ok and r.stdout == "still here\n", r
 
 
+def test_a_cell_that_stops_its_interpreter_does_not_run_on_into_the_next(sandbox: Sandbox) -> None:
+    """Before, the rest of a cell that stopped itself (SIGSTOP) ran as the next cell, whose output
+    came back one call late; now that interpreter is ended and each cell reports its own run."""
+    r = sandbox.run("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nprint('rest')", persistent=True)
+    assert r.reason == "exited" and r.session_ended and "rest" not in r.stdout, r
+    r = sandbox.run("print('two')", persistent=True)
+    assert r.ok and r.stdout == "two\n", r
+
+
 def test_process_sandbox_is_unprivileged_on_the_host_too() -> None:
     """Seen from the host, bubblewrap and everything under it run as the sandbox's own unprivileged
     uid (drawn from the sandbox uid block, never root) with no capabilities and no groups, so even a
