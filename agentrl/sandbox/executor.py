@@ -35,6 +35,14 @@ stopping itself (SIGSTOP): between runs it stays stopped and every other process
 code runs while the host writes or reads files or runs its own checks. ``reset`` is not an
 operation: the host replaces the whole sandbox instead.
 
+A persistent worker also reads its cells from a pipe (fd 3), and the code shares its process,
+so the code can damage its plumbing (close fds 1-3, put another file on them). Each cell
+therefore ends with a report in a page of memory shared with this executor (no descriptor: no
+write to any fd reaches it) that repeats the cell's nonce (random, sent with the cell) and says
+how the cell ended; the worker writes it only after checking that fds 1-3 are still the ones it
+started with. A cell that stops without exactly that report is ``interpreter_damaged``: the
+interpreter is ended and the next persistent run starts a fresh one.
+
 Each run happens in a worker forked from this process (no interpreter start-up: a warm sandbox
 answers ``print(1)`` in a few milliseconds). A *persistent* worker stays alive between runs, so
 variables survive from one tool call to the next; a one-shot worker exits after its run. After
@@ -55,6 +63,7 @@ import builtins
 import errno
 import fcntl
 import io
+import mmap
 import os
 import resource
 import select
@@ -114,6 +123,9 @@ CHILD_ENV = {
 }
 SHELL = "/bin/sh"
 READ_CHUNK = 65536
+NONCE_LEN = 16
+FRAME_HEADER = struct.Struct("!Id%ds" % NONCE_LEN)  # a cell's length, its CPU soft limit, its nonce
+REPORT_SIZE = 256  # a persistent worker's shared report page: length byte + nonce + kind + name
 POLL_S = 0.02
 DRAIN_S = 0.5
 
@@ -207,9 +219,11 @@ def _proc_cpu_seconds(pid: int) -> float:
 
 # --------------------------------------------------------------------------------------- workers
 # A worker holds exactly three descriptors: 0 (stdin; for a persistent worker, the frames of its
-# cells), 1 and 2 (its output pipes). It has no channel to this executor: everything the result
-# says is what the executor saw itself (wait status, stop, output, counters), so the model's code
-# cannot speak for the executor.
+# cells, read through a close-on-exec copy, fd 3), 1 and 2 (its output pipes). It has no channel
+# to this executor: everything the result says is what the executor saw itself (wait status,
+# stop, output, counters), so the model's code cannot speak for the executor. The one exception is
+# how a persistent cell ended, which the worker writes into a shared page (see _send_report) and
+# the executor believes only as described there.
 
 
 def _child_setup(req: dict, fds: list) -> None:
@@ -252,7 +266,7 @@ def fcntl_dup(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
 
 
-def _python_main(persistent: bool, code: str, stdin_text: str) -> None:
+def _python_main(persistent: bool, code: str, stdin_text: str, report=None) -> None:
     """Body of a Python worker: run ``code`` (one-shot) or the cells framed on fd 0 (persistent).
 
     A one-shot worker exits with the code's status (1 after an exception, whose traceback goes to
@@ -263,6 +277,7 @@ def _python_main(persistent: bool, code: str, stdin_text: str) -> None:
         os.set_inheritable(fd, True)
     if persistent:
         frames = os.fdopen(os.dup(0), "rb", buffering=0)  # close-on-exec: children never get it
+        plumbing = _fd_identities((1, 2, frames.fileno()))
         sys.stdin = io.StringIO(stdin_text)
     else:
         sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
@@ -271,14 +286,14 @@ def _python_main(persistent: bool, code: str, stdin_text: str) -> None:
     sys.argv = ["<sandbox>"]
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     if not persistent:
-        os._exit(_exec_code(code, namespace))
+        os._exit(_exec_code(code, namespace)[0])
     counter = 0
     me = os.getpid()
     while True:
-        header = _read_exact(frames, 12)
+        header = _read_exact(frames, FRAME_HEADER.size)
         if header is None:
             os._exit(0)
-        length, cpu_soft = struct.unpack("!Id", header)
+        length, cpu_soft, nonce = FRAME_HEADER.unpack(header)
         payload = _read_exact(frames, length)
         if payload is None:
             os._exit(0)
@@ -289,10 +304,46 @@ def _python_main(persistent: bool, code: str, stdin_text: str) -> None:
                 soft = min(soft, hard)
             resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
         counter += 1
-        status = _exec_code(payload.decode("utf-8"), namespace, filename="<cell %d>" % counter, cell=True)
+        status, exc = _exec_code(
+            payload.decode("utf-8"), namespace, filename="<cell %d>" % counter, cell=True
+        )
         if status is not None:  # sys.exit() in a cell ends the interpreter, as it would in python
             os._exit(status)
+        _send_report(report, nonce, exc, plumbing)
         os.kill(me, signal.SIGSTOP)  # the cell is done; every thread of ours waits for the next
+
+
+def _fd_identities(fds: tuple) -> dict:
+    """What each descriptor refers to: a replaced or closed one no longer matches."""
+    ids = {}
+    for fd in fds:
+        try:
+            st = os.fstat(fd)
+            ids[fd] = (st.st_dev, st.st_ino)
+        except OSError:
+            ids[fd] = None
+    return ids
+
+
+def _send_report(report, nonce: bytes, exc, plumbing: dict) -> None:
+    """End a cell with its report in the shared page ``report``: one length byte, then ``nonce`` +
+    ``b"0"``, or ``b"1"`` + the type name of the exception it raised, or ``b"D"`` + the
+    descriptors the code replaced or closed.
+
+    The executor believes a cell only with exactly this report for its nonce, so a cell that
+    stopped its own interpreter mid-cell is caught as surely as one that damaged fd 1, 2 or 3
+    (checked here). Nothing is retried: a damaged interpreter is replaced.
+    """
+    now = _fd_identities(tuple(plumbing))
+    broken = [fd for fd in plumbing if now[fd] != plumbing[fd] or now[fd] is None]
+    if broken:
+        body = b"D" + ",".join(str(fd) for fd in broken).encode("ascii")
+    elif exc is not None:
+        body = b"1" + exc.encode("utf-8", "replace")[:_EXC_LINE_MAX]
+    else:
+        body = b"0"
+    data = nonce + body
+    report[: 1 + len(data)] = bytes([len(data)]) + data
 
 
 def _read_exact(f: io.RawIOBase, n: int) -> bytes | None:
@@ -306,8 +357,10 @@ def _read_exact(f: io.RawIOBase, n: int) -> bytes | None:
 
 
 def _exec_code(code: str, namespace: dict, filename: str = "<sandbox>", cell: bool = False):
-    """Run one piece of code in ``namespace``; its exit status (None: a cell that did not exit)."""
+    """Run one piece of code in ``namespace``: (exit status (None: a cell that did not exit), the
+    type name of the exception it raised, or None)."""
     status = None if cell else 0
+    exc_name = None
     try:
         exec(compile(code, filename, "exec"), namespace)
     except SystemExit as e:
@@ -320,6 +373,7 @@ def _exec_code(code: str, namespace: dict, filename: str = "<sandbox>", cell: bo
             status = 1
     except BaseException as e:  # the code's own failure: report it like `python` would
         status = None if cell else 1
+        exc_name = type(e).__name__
         try:
             import linecache
             import traceback
@@ -334,7 +388,7 @@ def _exec_code(code: str, namespace: dict, filename: str = "<sandbox>", cell: bo
             stream.flush()
         except BaseException:
             pass
-    return status
+    return status, exc_name
 
 
 def _safe_print_err(text: str) -> None:
@@ -353,9 +407,11 @@ class Worker:
         err_r, err_w = os.pipe()
         stdin_text = req.get("stdin") or ""
         cmd_r = cmd_w = -1
+        self.report = None
         if persistent:
             cmd_r, cmd_w = os.pipe()
             fds_child = [cmd_r, out_w, err_w]
+            self.report = mmap.mmap(-1, REPORT_SIZE, flags=mmap.MAP_SHARED)  # shared with the worker
         else:
             fds_child = [self._stdin_fd(stdin_text), out_w, err_w]
         sys.stdout.flush()
@@ -367,7 +423,7 @@ class Worker:
                     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
                         signal.signal(sig, signal.SIG_DFL)
                     os.execve(SHELL, ["sh", "-c", req["cmd"]], dict(CHILD_ENV))
-                _python_main(persistent, req.get("code") or "", stdin_text)
+                _python_main(persistent, req.get("code") or "", stdin_text, self.report)
             except BaseException as e:
                 _safe_print_err("sandbox worker failed to start: %r" % (e,))
                 os._exit(127)
@@ -376,6 +432,7 @@ class Worker:
         for fd in fds_child:
             os.close(fd)
         self.out, self.err, self.cmd = out_r, err_r, cmd_w
+        self.nonce = b""  # sent with the cell now running; its report must repeat it
         self.wait_status: int | None = None
         self.rusage_cpu = 0.0
         self.stopped = False  # a persistent worker between cells (it stopped itself)
@@ -436,6 +493,14 @@ class Worker:
             except OSError:
                 pass
 
+    def take_report(self) -> bytes:
+        """The report the last cell left in the shared page (b"" if none), and clear the page."""
+        if self.report is None:
+            return b""
+        data = bytes(self.report[1 : 1 + self.report[0]])
+        self.report[:] = bytes(REPORT_SIZE)
+        return data
+
     def close(self) -> None:
         for fd in (self.out, self.err, self.cmd):
             if fd >= 0:
@@ -444,6 +509,9 @@ class Worker:
                 except OSError:
                     pass
         self.out = self.err = self.cmd = -1
+        if self.report is not None:
+            self.report.close()
+            self.report = None
 
 
 def _tmpfile_fd() -> int:
@@ -613,12 +681,14 @@ class Executor:
                 self.session = Worker(req, persistent=True)
             worker = self.session
             cpu_soft = _proc_cpu_seconds(worker.pid) + cpu if cpu > 0 else 0.0
+            worker.take_report()  # a report left from before belongs to no cell of ours
+            worker.nonce = os.urandom(NONCE_LEN)
             # Continued before its cell is sent: it then blocks reading the cell, so the next stop
             # it reports can only be the end of this cell (sent after, a fast cell could stop
             # before the continue and the continue would run it past its own end).
             worker.resume()
             try:
-                _write_all(worker.cmd, struct.pack("!Id", len(payload), cpu_soft) + payload)
+                _write_all(worker.cmd, FRAME_HEADER.pack(len(payload), cpu_soft, worker.nonce) + payload)
             except OSError:  # it died after the check: start a fresh one
                 self.end_session()
                 restarted = True
@@ -702,8 +772,21 @@ class Executor:
                 sig = os.WTERMSIG(wait_status)
             else:
                 exit_code = os.WEXITSTATUS(wait_status)
-        elif worker.stopped:
-            exit_code = 1 if exc is not None else 0
+        elif worker.stopped and killed_for is None:
+            verdict, detail = _check_report(worker.take_report(), worker.nonce)
+            if verdict in ("ok", "failed"):
+                exit_code = 0 if verdict == "ok" else 1
+                if detail != exc:  # its stderr does not end with its own traceback
+                    exc, errno_ = detail, None
+            else:  # the interpreter cannot run another cell: end it (run() sees killed_for)
+                worker.kill()
+                err.feed(detail.encode("utf-8"))
+                if verdict == "damaged":
+                    killed_for = "interpreter_damaged"
+                    exc = errno_ = None
+                else:  # it stopped itself mid-cell: like an exit, the code's own word on its run
+                    killed_for = "stopped_itself"
+                    exit_code = 1 if exc is not None else 0
         if sig is not None or req.get("cmd") is not None or exit_code == 0:
             exc = errno_ = None  # only a Python run that failed has an exception
         return {
@@ -734,6 +817,31 @@ class Executor:
                     sel.unregister(fd)
                 elif sink is not None and sink != "host":
                     sink.feed(chunk)
+
+
+_FRESH = "the next persistent run starts a fresh one, without the variables of before"
+
+
+def _check_report(data: bytes, nonce: bytes):
+    """Judge a stopped cell by the report ``_send_report`` left for this cell's ``nonce``:
+    ("ok", None), ("failed", exception type name), ("damaged", a note for the run's stderr), or,
+    with no such report, ("stopped", a note): the code stopped its interpreter before its end."""
+    body = data[len(nonce) :] if nonce and data.startswith(nonce) else b""
+    kind, rest = body[:1], body[1:].decode("utf-8", "replace")
+    if kind == b"0" and not rest:
+        return "ok", None
+    if kind == b"1" and rest and len(rest) <= _EXC_LINE_MAX and rest.isidentifier():
+        return "failed", rest
+    if kind == b"D" and rest and len(rest) < 40:
+        return "damaged", (
+            "\n[sandbox] this cell damaged its persistent interpreter: descriptor(s) %s (its output "
+            "or its cells' pipe) were replaced or closed, so how the cell ended cannot be known; "
+            "the interpreter was ended and %s\n" % (rest, _FRESH)
+        )
+    return "stopped", (
+        "\n[sandbox] this cell stopped its persistent interpreter before the cell's end; the "
+        "interpreter was ended and %s\n" % _FRESH
+    )
 
 
 _ERRNO_REASON = {
@@ -812,7 +920,7 @@ def _counter_grew(kind: str, before: int) -> bool:
 
 
 def _classify(r: dict) -> str:
-    if r["killed_for"] in ("timeout", "output_limit", "cpu_time"):
+    if r["killed_for"] in ("timeout", "output_limit", "cpu_time", "interpreter_damaged"):
         return r["killed_for"]
     sig, exc, err = r["signal"], r["exc"], r["errno"]
     if sig == signal.SIGXCPU or r.get("is_cmd") and r["exit_code"] == 128 + signal.SIGXCPU:

@@ -27,6 +27,7 @@ StopReason = Literal[
     "file_size",  # a file grew past max_file_size
     "disk_full",  # the work dir's tmpfs is full
     "signal",  # killed by another signal
+    "interpreter_damaged",  # a persistent cell broke its interpreter's channels (fds); interpreter replaced
     "crashed",  # the code brought its sandbox down (its executor died or broke protocol); replaced
     "sandbox_lost",  # ended from outside (host evidence only): an infrastructure failure, retry elsewhere
 ]

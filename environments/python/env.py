@@ -88,6 +88,7 @@ def format_result(r: ExecResult) -> str:
         "file_size": "stopped: file size limit",
         "disk_full": "stopped: disk full",
         "signal": f"killed by signal {r.signal}",
+        "interpreter_damaged": "stopped: the code broke its interpreter's descriptors",
         "crashed": "the code brought its sandbox down; it was replaced",
         "sandbox_lost": "the sandbox failed",
     }[r.reason]

@@ -171,6 +171,10 @@ SANDBOX_TRICKS = {
         "print('wrote')",
         [("[exit code 0]", "stdout:\nwrote\n")],
     ),
+    "fds 1-3 of its interpreter closed": (
+        "import os\nfor fd in (1, 2, 3):\n    os.close(fd)\n",
+        [("[stopped: the code broke its interpreter's descriptors]", "variables are gone")],
+    ),
     "3 MB of control bytes on stdout": (
         "print('\\x01' * 3_000_000)",
         [("[stopped: output limit]", "[truncated]")],

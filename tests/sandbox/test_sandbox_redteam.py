@@ -341,6 +341,51 @@ def test_reset_wipes_files_processes_and_the_interpreter(sandbox: Sandbox) -> No
     _still_usable(sandbox)
 
 
+PLUMBING_DAMAGE = {
+    "fd 3 replaced": "import os\nos.dup2(os.open('/dev/null', os.O_WRONLY), 3)\n",
+    "fds 1-3 closed": "import os\nfor fd in (1, 2, 3):\n    os.close(fd)\n",
+}
+
+
+@pytest.mark.parametrize("damage", PLUMBING_DAMAGE.values(), ids=list(PLUMBING_DAMAGE))
+def test_a_persistent_interpreter_whose_descriptors_the_code_broke_is_reported_and_replaced(
+    sandbox: Sandbox, damage: str
+) -> None:
+    """The code shares its persistent interpreter's process, so it can break the descriptors that
+    carry the interpreter's output and status. Before, the next cell's AssertionError came back as
+    exit 127 with no explanation (or as exit 0, ``ok``). Now the cell that did it is reported as
+    ``interpreter_damaged`` (a model outcome, saying why on stderr), the interpreter is replaced,
+    and every later cell reports how it really ended."""
+    assert sandbox.run("x = 41", persistent=True).ok
+    r = sandbox.run(damage, persistent=True)
+    assert r.reason == "interpreter_damaged" and not r.ok and not r.infra_error and r.session_ended, r
+    assert "damaged its persistent interpreter" in r.stderr and "fresh one" in r.stderr, r
+    r = sandbox.run("assert 1 == 2, 'wrong answer'", persistent=True)
+    assert r.reason == "exited" and r.exit_code == 1 and not r.ok and r.exception == "AssertionError", r
+    assert "AssertionError: wrong answer" in r.stderr and not r.session_ended, r
+    r = sandbox.run("print('x' in globals())", persistent=True)  # a fresh interpreter: x is gone
+    assert r.ok and r.stdout == "False\n" and not r.session_ended, r
+
+
+def test_a_failing_cell_is_a_failure_even_with_its_stderr_silenced(sandbox: Sandbox) -> None:
+    """A persistent cell's status is the interpreter's own report, not read from its stderr: code
+    that hid ``sys.stderr`` still fails (before, its AssertionError came back as exit 0, ``ok``)."""
+    assert sandbox.run("import io, sys\nsys.stderr = io.StringIO()", persistent=True).ok
+    r = sandbox.run("assert 1 == 2", persistent=True)
+    assert not r.ok and r.exit_code == 1 and r.exception == "AssertionError" and r.stderr == "", r
+    r = sandbox.run("print('still here')", persistent=True)
+    assert r.ok and r.stdout == "still here\n", r
+
+
+def test_a_cell_that_stops_its_interpreter_does_not_run_on_into_the_next(sandbox: Sandbox) -> None:
+    """Before, the rest of a cell that stopped itself (SIGSTOP) ran as the next cell, whose output
+    came back one call late; now that interpreter is ended and each cell reports its own run."""
+    r = sandbox.run("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nprint('rest')", persistent=True)
+    assert r.reason == "exited" and r.session_ended and "rest" not in r.stdout, r
+    r = sandbox.run("print('two')", persistent=True)
+    assert r.ok and r.stdout == "two\n", r
+
+
 def test_process_sandbox_is_unprivileged_on_the_host_too() -> None:
     """Seen from the host, bubblewrap and everything under it run as the sandbox's own unprivileged
     uid (drawn from the sandbox uid block, never root) with no capabilities and no groups, so even a
