@@ -8,7 +8,8 @@
 1. **Rewards**: one scalar per *episode* (:func:`advantages`), however many trajectories (ledger
    segments) it was cut into: every statistic below counts an episode once.
 2. **Shaping and filtering**: DAPO's soft overlong penalty (on the episode's longest turn), then
-   dynamic sampling drops the groups whose rewards are all equal (no signal).
+   dynamic sampling drops the groups whose *raw* rewards are all equal (no signal; a group that
+   differs only by its overlong penalty would get full-size advantages from length noise).
 3. **Advantages**: a group estimator (GRPO, Dr.GRPO, RLOO, REINFORCE++; :mod:`agentrl.trainer.advantages`)
    gives one scalar per episode, broadcast to all its trajectories and over their sampled tokens; PPO instead puts the shaped
    reward on the last sampled token and runs GAE over the value head (:func:`train_step`). Every rank
@@ -69,6 +70,7 @@ def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], to
     episodes = [ep for group in groups for ep in group]
     rew = torch.tensor([ep.reward for ep in episodes], dtype=torch.float32)
     gid = torch.tensor([gi for gi, group in enumerate(groups) for _ in group], dtype=torch.long)
+    raw = rew
     info: dict[str, float] = {}
     if a.overlong_buffer:
         # the episode's longest turn: max_new_tokens caps each turn, so that is the one that runs into it
@@ -76,8 +78,8 @@ def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], to
         pen = L.overlong_penalty(lengths, r.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
         rew = rew + pen
         info["algo/overlong_penalty"] = float(pen.mean())
-    if a.dynamic_sampling:
-        keep = L.dynamic_sampling_keep(rew, gid)
+    if a.dynamic_sampling:  # on the raw reward: a group differing only by its overlong penalty has no signal
+        keep = L.dynamic_sampling_keep(raw, gid)
         info["algo/dynamic_sampling_kept"] = float(keep.float().mean())
         if not bool(keep.any()):
             return [], torch.zeros(0), info

@@ -124,6 +124,22 @@ def test_dynamic_sampling_keeps_and_drops_whole_episodes():
     assert info["algo/dynamic_sampling_kept"] == 0.5  # two of the four episodes
 
 
+def test_dynamic_sampling_filters_on_the_raw_reward():
+    # max_new_tokens 16, buffer 8, penalty 1e-3: turns of 12 and 13 tokens differ by 1.25e-4 after
+    # shaping. Equal raw rewards are no signal, so that group is dropped (on the shaped reward it was
+    # kept, with advantages of about +-0.7 from length noise); distinct raw rewards are kept
+    equal = [_episode(1.0, [[12]]), _episode(1.0, [[13]])]
+    distinct = [_episode(1.0, [[12]]), _episode(0.0, [[13]])]
+    cfg = _cfg("grpo", 2, dynamic_sampling=True, overlong_buffer=8, overlong_penalty=1e-3)
+    trajs, adv, info = advantages(cfg, [equal, distinct])
+    assert trajs == [*distinct[0].trajectories, *distinct[1].trajectories]
+    assert adv[0] > 0 > adv[1]
+    assert info["algo/dynamic_sampling_kept"] == 0.5  # the two episodes of the equal group dropped
+    # the kept group's advantages are still those of its shaped rewards
+    shaped = torch.tensor([1.0 - 0.5e-3, 0.0 - 0.625e-3])
+    assert torch.allclose(adv, A.group_advantages("grpo", shaped, torch.zeros(2, dtype=torch.long)))
+
+
 def _rows_reference(cfg: TrainConfig, groups: list[list[Episode]]) -> tuple[list[Trajectory], torch.Tensor]:
     """The row-level computation, which single-segment episodes must reproduce exactly."""
     a = cfg.algo
@@ -131,12 +147,13 @@ def _rows_reference(cfg: TrainConfig, groups: list[list[Episode]]) -> tuple[list
     rew = torch.tensor([ep.reward for g in groups for ep in g], dtype=torch.float32)
     gid = torch.tensor([gi for gi, g in enumerate(groups) for _ in g])
     lengths = torch.tensor([max(s.end - s.start for s in t.turn_spans) for t in trajs])
+    raw = rew
     if a.overlong_buffer:
         rew = rew + L.overlong_penalty(
             lengths, cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty
         )
     if a.dynamic_sampling:
-        keep = L.dynamic_sampling_keep(rew, gid)
+        keep = L.dynamic_sampling_keep(raw, gid)
         trajs = [t for t, k in zip(trajs, keep.tolist(), strict=True) if k]
         rew, gid = rew[keep], gid[keep]
     if a.advantage_kind == "gae":
