@@ -171,6 +171,8 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
         now = rt.engine.weight_version
         out["train/staleness_max"] = float(now - min(versions))
         out["train/staleness_mean"] = float(now - sum(versions) / len(versions))
+        # trained past the bound (--max-staleness K; 0 is the synchronous loop): must read 0
+        out["train/tokens_past_bound"] = float(sum(now - v > cfg.rollout.max_staleness for v in versions))
     return out
 
 

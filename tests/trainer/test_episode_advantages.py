@@ -201,3 +201,28 @@ def test_seq_mean_aggregation_counts_each_episode_once(mode, split):
     stats = train_step(cfg, rt, be, [group])  # type: ignore[arg-type]
     per_episode = [0.5, -0.5] if mode == "seq-mean-token-mean" else [8 * 0.5, 2 * -0.5]
     assert stats["train/loss"] == pytest.approx(-sum(per_episode) / 2, abs=1e-6)
+
+
+def test_train_step_counts_the_tokens_trained_past_the_staleness_bound():
+    # K = 1, the weights being updated are version 3: tokens of versions 1 and 0 are past the bound.
+    # Prompt and tool tokens (version -1, not trained) do not count
+    def traj(versions: list[int]) -> Trajectory:
+        t = _traj([len(versions)])
+        return t.model_copy(update={"policy_versions": [-1, *versions, -1]})
+
+    group = [
+        Episode(0, "g", 1.0, [traj([3, 2, 1])]),
+        Episode(0, "g", 0.0, [traj([0, 3]), traj([2])]),
+    ]
+    cfg = TrainConfig(
+        rollout=RolloutConfig(group_size=2, max_staleness=1),
+        algo=AlgoConfig(advantage="grpo"),
+        optim=OptimConfig(lr=1e-3),
+    )
+    be = make_backend(tiny_model(), cfg.algo, cfg.optim)
+    rt = SimpleNamespace(ranks=Ranks(), pad_id=0, engine=SimpleNamespace(weight_version=3))
+    stats = train_step(cfg, rt, be, [group])  # type: ignore[arg-type]
+    assert stats["train/staleness_max"] == 3.0
+    assert stats["train/tokens_past_bound"] == 2.0
+    rt.engine.weight_version = 2  # one version earlier only the version-0 token is past the bound
+    assert train_step(cfg, rt, be, [group])["train/tokens_past_bound"] == 1.0  # type: ignore[arg-type]

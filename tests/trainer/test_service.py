@@ -354,6 +354,7 @@ def test_async_training_trains_within_the_bound_and_evaluates(tmp_path, slow_upd
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [0, 2, 4]
     assert all(r["train/staleness_max"] <= 1 for r in steps)  # no trained token past the bound
+    assert all(r["train/tokens_past_bound"] == 0 for r in steps)
     assert any(r["train/staleness_max"] == 1 for r in steps)  # and it did play ahead of the trainer
     assert all(r["rollout/lag_0_frac"] + r["rollout/lag_1_frac"] == pytest.approx(1.0) for r in steps)
     # a batch is T groups, or more when over-provisioned groups come due together
