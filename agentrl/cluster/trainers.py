@@ -33,7 +33,8 @@ import dataclasses
 import logging
 import os
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,10 @@ class TrainerActor:
 
         return node_address(), free_port()
 
+    def process(self) -> tuple[str, int]:
+        """This rank's machine (its boot id) and process id: the driver waits for it to exit."""
+        return _boot_id(), os.getpid()
+
     def train(self, cfg: Any, world: int, master: tuple[str, int], share: Share, cwd: str,
               env: dict[str, str], cpus: float) -> dict[str, Any]:  # fmt: skip
         import functools
@@ -85,6 +90,22 @@ class TrainerActor:
         torch.set_num_threads(max(1, int(cpus)))
         _write_pid(Path(cfg.run.run_dir), self.rank)
         return dataclasses.asdict(train(cfg, start_parts=functools.partial(start_parts, share=share)))
+
+
+def _boot_id() -> str:
+    """This machine's boot id: two processes share it exactly when they share a kernel."""
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return ""
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` (on this machine) has exited: gone, or a zombie left to reap."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
 
 
 def _write_pid(run_dir: Path, rank: int) -> None:
@@ -135,6 +156,9 @@ def train_on_ray(cfg: Any, *, poll_s: float = 2.0, start_timeout_s: float = 120.
                 ).remote(r)
             )  # fmt: skip
         master = get_within(actors[0].address.remote(), start_timeout_s, "starting trainer rank 0")
+        procs = get_within(
+            [a.process.remote() for a in actors], start_timeout_s, "starting the trainer ranks"
+        )
         env = {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV)}
         # rank 0's console is printed here behind Ray's "(TrainerActor pid=N)" prefix: as wide as this one
         env["COLUMNS"] = str(max(80, shutil.get_terminal_size((200, 24)).columns - 28))
@@ -143,7 +167,7 @@ def train_on_ray(cfg: Any, *, poll_s: float = 2.0, start_timeout_s: float = 120.
             a.train.remote(cfg, n, master, places[r], os.getcwd(), env, c.trainer_cpus)
             for r, a in enumerate(actors)
         ]
-        return _wait(refs, poll_s, run_dir, lambda: _stop(actors, refs))[0]
+        return _wait(refs, poll_s, run_dir, lambda: _stop(actors, refs, procs))[0]
     finally:
         _stop(actors, [])
         if pg is not None:
@@ -153,17 +177,29 @@ def train_on_ray(cfg: Any, *, poll_s: float = 2.0, start_timeout_s: float = 120.
             ray.shutdown()
 
 
-def _stop(actors: list[Any], refs: list[Any], timeout_s: float = 30.0) -> None:
+def _stop(
+    actors: list[Any], refs: list[Any], procs: Sequence[tuple[str, int]] = (), timeout_s: float = 30.0
+) -> None:  # fmt: skip
     """Kill every rank actor (its engine actors die with their owner, their servers too).
 
-    With ``refs``, wait up to ``timeout_s`` for their tasks to end, so that no rank still writes a
-    checkpoint once this returns."""
+    With ``refs``, wait up to ``timeout_s`` for their tasks to end and for the rank processes on
+    this machine (``procs``: boot id and pid of each) to exit, so that no rank still writes a
+    checkpoint once this returns: Ray reports a killed actor's task ended before its process has
+    gone. A rank on another machine is only waited for through its task."""
     for a in actors:
         with contextlib.suppress(Exception):
             ray.kill(a, no_restart=True)
-    if refs:
-        with contextlib.suppress(Exception):
-            ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if not refs:
+        return
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(Exception):
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    here = _boot_id()
+    local = [pid for boot, pid in procs if boot and boot == here]
+    while local and time.monotonic() < deadline:
+        local = [pid for pid in local if not _exited(pid)]
+        if local:
+            time.sleep(0.05)
 
 
 def _resume_hint(run_dir: Path) -> str:
