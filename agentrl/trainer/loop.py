@@ -4,6 +4,7 @@
 
     run = _setup(cfg)                      # ranks, run dir (config.toml), runtime, backend, weight sync
     start = _warm_start_or_resume(run)     # resume: weights, optimizer, RNG, step  |  SFT on oracle episodes
+                                           # (--engine-url without either: the start weights pushed as version 0)
     _reference(run)                        # kl_coef > 0: the start-of-RL policy, frozen (RUN_DIR/reference)
     _eval_start(run)                       # greedy held-out seeds: the "start of RL" number
     for step in range(start, steps):
@@ -307,6 +308,8 @@ def _warm_start_or_resume(run: _Run) -> int:
             f"warm start: {cfg.run.sft_steps} SFT steps on {int(sft['examples'])} oracle episodes, "
             f"final loss {sft['loss']:.3f}, {sft['seconds']:.1f} s"
         )
+    elif cfg.model.engine_url:  # a server started elsewhere may hold any weights: make them the policy's
+        run.sync.push(be.state_dict(all_ranks=True), version=0)
     return 0
 
 

@@ -337,6 +337,29 @@ def test_training_at_temperature_0_7_on_vllm_starts_on_policy(
     assert row["train/clip_frac"] == 0.0, row
 
 
+def test_a_run_on_a_server_holding_other_weights_pushes_its_start_weights(
+    engine: VLLMEngine, server: EngineServer, tmp_path: Path
+) -> None:
+    """`--engine-url` with no warm start and no resume: the server may hold any weights (another run's,
+    another checkpoint), so the run pushes its own start weights as version 0 before the first rollout."""
+    from agentrl.cli import main
+    from agentrl.trainer.metrics import read_jsonl
+
+    _perturbed(tmp_path / "other", seed=4)
+    run_sync(engine.update_weights_from_path(tmp_path / "other", version=7), timeout_s=120, what="update")
+    vowels = Path(__file__).parents[1] / "trainer" / "_dense_env.py"
+    run = tmp_path / "run"
+    argv = ["train", "--env", f"{vowels}:VowelEnv", "--engine", "vllm", "--engine-url", server.base_url,
+            "--steps", "1", "--tasks-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
+            "--eval-episodes", "2", "--sft-steps", "0", "--run-dir", str(run), "--no-progress",
+            "--no-tensorboard"]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert row["train/tokens"] > 0
+    assert row["train/mismatch_abs_logp"] < 1e-5, row  # the other weights' tokens: ~0.1 when not pushed
+    assert row["sync/version"] == 1.0  # version 0 = the start weights, 1 = after the update
+
+
 def test_serve_session_engine_flags_reach_vllm(server: EngineServer) -> None:
     from agentrl.errors import ConfigError
     from agentrl.session.commands import build_manager
