@@ -209,7 +209,7 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
         rt.policy,
         cfg.algo,
         cfg.optim,
-        objective=RLObjective(cfg.algo),
+        objective=RLObjective(cfg.algo, norm_tokens=cfg.rollout.max_new_tokens),
         device=rt.device,
         value_head=cfg.algo.algo == "ppo",
         activation_checkpointing=cfg.model.activation_checkpointing,
