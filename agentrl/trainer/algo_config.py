@@ -45,7 +45,7 @@ class AlgoConfig:
     dynamic_sampling: bool = False
     """DAPO: drop groups whose rewards are all equal (zero advantage), then play new tasks in their place"""
     max_refill_rounds: int | None = None
-    """dynamic sampling: rounds of new tasks played to replace dropped groups in a step; unset = 3 (synchronous), 0 = no refill"""
+    """dynamic sampling: at most this many rounds of new tasks a step, played until it has tasks_per_step informative groups (DAPO); unset = 3, 0 = no refill; synchronous rollout only (max_staleness 0)"""
     overlong_buffer: int = 0
     """DAPO: penalise completions within this many tokens of max_new_tokens (0 = off)"""
     overlong_penalty: float = 1.0
@@ -81,6 +81,9 @@ class AlgoConfig:
             _fail("algo", "clip_low/clip_high", (low, high), "need 0 < clip_low < 1, clip_high > 0")
         if self.max_refill_rounds is not None and self.max_refill_rounds < 0:
             _fail("algo", "max_refill_rounds", self.max_refill_rounds, "must be >= 0 (0 = no refill)")
+        if self.max_refill_rounds and not self.dynamic_sampling:
+            _fail("algo", "max_refill_rounds", self.max_refill_rounds, "refills the groups dynamic sampling "
+                  "drops; add --dynamic-sampling, or leave it unset")  # fmt: skip
         if self.dual_clip != 0 and self.dual_clip <= 1:
             _fail("algo", "dual_clip", self.dual_clip, "must be > 1 (e.g. 3.0) or 0 to disable")
         if self.kl_coef < 0 or self.entropy_coef < 0 or self.vf_coef < 0:
@@ -142,6 +145,13 @@ class AlgoConfig:
         return (low if self.clip_low is None else self.clip_low), (
             high if self.clip_high is None else self.clip_high
         )
+
+    @property
+    def refill_rounds(self) -> int:
+        """``max_refill_rounds`` resolved: 0 without dynamic sampling, 3 when unset."""
+        if not self.dynamic_sampling:
+            return 0
+        return 3 if self.max_refill_rounds is None else self.max_refill_rounds
 
     @property
     def is_bounds(self) -> tuple[float, float]:
