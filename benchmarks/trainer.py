@@ -138,6 +138,7 @@ def _config(args: argparse.Namespace, env: str, model_dir: str, **overrides: Any
         "max_new_tokens": args.max_new_tokens,
         "lr": 1e-5,
         "clip_high": 0.2,
+        "dual_clip": 0.0,  # TRL's loss has no dual clip (on policy, one update a step, it would not act anyway)
         "threads": args.threads,
         "sft_steps": 0,
         "steps": args.steps + 1,

@@ -12,7 +12,7 @@ __all__ = ["AlgoConfig"]
 
 AdvantageKind = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"]
 PolicyLossKind = Literal["ppo", "gspo", "cispo"]
-AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3", "k3+"]
 RolloutCorrection = Literal["none", "tis", "mis", "icepop"]
 CorrectionLevel = Literal["token", "sequence"]
@@ -28,14 +28,14 @@ class AlgoConfig:
     """grpo | dr_grpo | rloo | reinforce_pp | gae; 'auto' = grpo for GRPO, gae for PPO"""
     policy_loss: PolicyLossKind = "ppo"
     """ppo (clipped ratio) | gspo (sequence ratio) | cispo (clipped IS weight)"""
-    clip_low: float = 0.2
-    """lower clip range: ratio >= 1 - clip_low"""
-    clip_high: float = 0.28
-    """upper clip range: ratio <= 1 + clip_high (clip-higher when > clip_low, DAPO)"""
-    dual_clip: float = 0.0
-    """dual-clip constant c > 1 bounding the loss for negative advantages (0 = off)"""
+    clip_low: float | None = None
+    """lower clip range: ratio >= 1 - clip_low; unset = 0.2, or 3e-4 for gspo (its sequence ratios move ~1e-2)"""
+    clip_high: float | None = None
+    """upper clip range: ratio <= 1 + clip_high (clip-higher when > clip_low, DAPO); unset = 0.28, or 4e-4 for gspo"""
+    dual_clip: float = 3.0
+    """ppo: dual-clip constant c > 1 bounding the loss of a negative-advantage token by -c A (0 = off)"""
     loss_agg: AggMode = "token-mean"
-    """how per-token losses become one number"""
+    """how per-token losses become one number: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr.GRPO: token sums over episodes x max_new_tokens)"""
     kl_coef: float = 0.0
     """weight of the KL penalty to the reference (initial) model; 0 = off, no reference copy"""
     kl_estimator: KLEstimator = "k3+"
@@ -43,7 +43,9 @@ class AlgoConfig:
     entropy_coef: float = 0.0
     """entropy bonus weight"""
     dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal (zero advantage)"""
+    """DAPO: drop groups whose rewards are all equal (zero advantage), then play new tasks in their place"""
+    max_refill_rounds: int | None = None
+    """dynamic sampling: at most this many rounds of new tasks a step, played until it has tasks_per_step informative groups (DAPO); unset = 3, 0 = no refill; synchronous rollout only (max_staleness 0)"""
     overlong_buffer: int = 0
     """DAPO: penalise completions within this many tokens of max_new_tokens (0 = off)"""
     overlong_penalty: float = 1.0
@@ -74,13 +76,14 @@ class AlgoConfig:
     """mis/icepop: tokens (sequences) with a ratio above this leave the loss; unset = 2.0 for mis, 5.0 for icepop"""
 
     def __post_init__(self) -> None:
-        if self.clip_low <= 0 or self.clip_low >= 1 or self.clip_high <= 0:
-            _fail(
-                "algo",
-                "clip_low/clip_high",
-                (self.clip_low, self.clip_high),
-                "need 0 < clip_low < 1, clip_high > 0",
-            )
+        low, high = self.clip
+        if low <= 0 or low >= 1 or high <= 0:
+            _fail("algo", "clip_low/clip_high", (low, high), "need 0 < clip_low < 1, clip_high > 0")
+        if self.max_refill_rounds is not None and self.max_refill_rounds < 0:
+            _fail("algo", "max_refill_rounds", self.max_refill_rounds, "must be >= 0 (0 = no refill)")
+        if self.max_refill_rounds and not self.dynamic_sampling:
+            _fail("algo", "max_refill_rounds", self.max_refill_rounds, "refills the groups dynamic sampling "
+                  "drops; add --dynamic-sampling, or leave it unset")  # fmt: skip
         if self.dual_clip != 0 and self.dual_clip <= 1:
             _fail("algo", "dual_clip", self.dual_clip, "must be > 1 (e.g. 3.0) or 0 to disable")
         if self.kl_coef < 0 or self.entropy_coef < 0 or self.vf_coef < 0:
@@ -129,6 +132,26 @@ class AlgoConfig:
                 (self.is_low, self.is_high),
                 "need 0 <= is_low <= 1 <= is_high (the band must keep on-policy tokens, ratio 1)",
             )
+
+    @property
+    def clip(self) -> tuple[float, float]:
+        """The clip range ``(clip_low, clip_high)`` with the unset ones the policy loss's own default.
+
+        GSPO clips a sequence's geometric-mean ratio, which moves ~1e-2 per update where token ratios
+        move ~1e-1, so it takes the GSPO paper's 3e-4 / 4e-4 (Zheng et al. 2025); ppo and cispo
+        take 0.2 / 0.28 (clip-higher, DAPO).
+        """
+        low, high = (3e-4, 4e-4) if self.policy_loss == "gspo" else (0.2, 0.28)
+        return (low if self.clip_low is None else self.clip_low), (
+            high if self.clip_high is None else self.clip_high
+        )
+
+    @property
+    def refill_rounds(self) -> int:
+        """``max_refill_rounds`` resolved: 0 without dynamic sampling, 3 when unset."""
+        if not self.dynamic_sampling:
+            return 0
+        return 3 if self.max_refill_rounds is None else self.max_refill_rounds
 
     @property
     def is_bounds(self) -> tuple[float, float]:

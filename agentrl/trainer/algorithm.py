@@ -184,6 +184,8 @@ class RLObjective:
     """The micro-batch losses of ``algo``, handed to the backend (its ``Objective``)."""
 
     algo: AlgoConfig
+    norm_tokens: int | None = None
+    """``seq-mean-token-sum-norm``'s constant tokens per episode: the run's ``max_new_tokens``"""
 
     def rl_loss(
         self,
@@ -202,7 +204,8 @@ class RLObjective:
         a = self.algo
         mask = mb.loss_mask[:, 1:]
         ep_tok = None if mb.episode_tokens is None else mb.episode_tokens[:, 0]
-        agg: dict[str, Any] = {"num_tokens": num_tokens, "num_seqs": num_seqs, "seq_tokens": ep_tok}
+        agg: dict[str, Any] = {"num_tokens": num_tokens, "num_seqs": num_seqs, "seq_tokens": ep_tok,
+                               "norm_tokens": self.norm_tokens}  # fmt: skip
         loss, stats = self._policy_term(mb, logp, mask, agg)
         if a.entropy_coef > 0:
             ent = L.aggregate(ent_tok, mask, a.loss_agg, **agg)
@@ -245,7 +248,7 @@ class RLObjective:
         """
         a = self.algo
         old = mb.old_logp[:, 1:]
-        kw: dict[str, Any] = {"kind": a.policy_loss, "clip_low": a.clip_low, "clip_high": a.clip_high,
+        kw: dict[str, Any] = {"kind": a.policy_loss, "clip_low": a.clip[0], "clip_high": a.clip[1],
                               "dual_clip": a.dual_clip, "agg": a.loss_agg, **agg}  # fmt: skip
         if a.decoupled:
             if mb.prox_logp is None:
@@ -279,6 +282,8 @@ class RLObjective:
         return loss, {"loss": float(loss.detach()), "token_acc_tok": correct}
 
 
-def make_backend(model: nn.Module, algo: AlgoConfig, optim: OptimConfig, **kw: Any) -> FSDP2Backend:
+def make_backend(
+    model: nn.Module, algo: AlgoConfig, optim: OptimConfig, *, norm_tokens: int | None = None, **kw: Any
+) -> FSDP2Backend:
     """An :class:`~agentrl.trainer.backend.FSDP2Backend` handed ``algo``'s objective (``kw`` go to it)."""
-    return FSDP2Backend(model, algo, optim, objective=RLObjective(algo), **kw)
+    return FSDP2Backend(model, algo, optim, objective=RLObjective(algo, norm_tokens), **kw)

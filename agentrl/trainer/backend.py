@@ -304,20 +304,35 @@ class FSDP2Backend:
         # near-equal mini-batches: dynamic sampling and multi-segment episodes make n arbitrary,
         # and every rank makes the same number of updates whatever its share of rows
         chunks = torch.arange(n).tensor_split(a.num_minibatches)
+        # the mismatch is against pi_prox, the weights before this step's first update: decoupled PPO
+        # scored all rows under them; otherwise only the first update's forward (before its step) is
+        seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if batch.prox_logp is not None:
+            sampled = batch.loss_mask[:, 1:] > 0
+            seen.append((batch.prox_logp[:, 1:][sampled].cpu(), batch.old_logp[:, 1:][sampled].cpu()))
+        collect = None if seen else seen
         for _ in range(a.epochs):
             for chunk in chunks:
-                stats = self._update(batch.select(chunk))
+                stats = self._update(batch.select(chunk), seen=collect)
+                collect = None
                 for key, v in stats.items():
                     sums[key] = sums.get(key, 0.0) + v
                 count += 1
-        return {k: v / count for k, v in sums.items()}
+        return {k: v / count for k, v in sums.items()} | self._mismatch(seen)
 
     def sft_step(self, batch: TrainBatch) -> dict[str, float]:
         """One supervised update: mean negative log-likelihood of the ``loss_mask`` tokens under the
         plain ``softmax(logits)``, whatever the sampling temperature (see :meth:`_sft_loss`)."""
         return self._update(batch, sft=True)
 
-    def _update(self, batch: TrainBatch, sft: bool = False) -> dict[str, float]:
+    def _update(
+        self,
+        batch: TrainBatch,
+        sft: bool = False,
+        seen: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> dict[str, float]:
+        """One optimizer update on ``batch``; ``seen`` (when given) collects its sampled tokens'
+        (train, rollout) logprobs of the forward before the step, for :meth:`_mismatch`."""
         num_tokens = self._all_sum(float(batch.loss_mask[:, 1:].sum()))
         num_seqs = self._all_sum(batch.episodes)  # seq-mean-* counts episodes, not segments
         if num_tokens == 0:
@@ -329,7 +344,6 @@ class FSDP2Backend:
         n_mb = self._all_max(len(groups))
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
-        seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (train, rollout) logprobs of the sampled tokens
         for i in range(n_mb):
             rows, weight = (groups[i], 1.0) if i < len(groups) else ([0], 0.0)  # 0: keep collectives matched
             mb = batch.select(rows).to(self.device)
@@ -352,8 +366,6 @@ class FSDP2Backend:
         out = {k: v / tok for k, v in stats.items() if k.endswith("_tok")}
         out = {k.removesuffix("_tok"): v for k, v in out.items()}
         out.update({k: v for k, v in stats.items() if not k.endswith("_tok")})
-        if seen:
-            out.update(self._mismatch(seen))
         out["grad_norm"] = grad_norm
         out["lr"] = float(self.scheduler.get_last_lr()[0])
         return out
@@ -378,9 +390,8 @@ class FSDP2Backend:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the mini-batch loss (the objective's ``rl_loss``).
 
-        ``seen`` collects the sampled tokens' (train, rollout) logprobs for :meth:`_mismatch`: the
-        train side is the proximal policy's when decoupled, else this forward's (the same in the
-        step's first update).
+        ``seen`` collects the sampled tokens' (this forward's, rollout) logprobs for :meth:`_mismatch`
+        (only in the step's first update, whose forward is the proximal policy's).
         """
         want_values = self.value_head is not None
         logp, ent_tok, values = self._forward(
@@ -391,14 +402,17 @@ class FSDP2Backend:
             raise BackendError("PPO batch needs returns and old_values")
         if seen is not None:
             sampled = mb.loss_mask[:, 1:] > 0
-            train = mb.prox_logp[:, 1:] if mb.prox_logp is not None else logp
-            seen.append((train.detach()[sampled].cpu(), mb.old_logp[:, 1:][sampled].cpu()))
+            seen.append((logp.detach()[sampled].cpu(), mb.old_logp[:, 1:][sampled].cpu()))
         return self.objective.rl_loss(mb, logp, ent_tok, values, num_tokens, num_seqs)
 
     def _mismatch(self, seen: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-        """:func:`~agentrl.trainer.offpolicy.mismatch_stats` over the mini-batch's sampled tokens.
+        """:func:`~agentrl.trainer.offpolicy.mismatch_stats` of the behaviour logprobs against pi_prox.
 
-        Exact on one rank; under ``torchrun`` each rank's statistics, averaged over the ranks.
+        pi_prox is the policy at the start of the step's update: with decoupled PPO its forward
+        over all of this rank's rows; otherwise the first mini-batch's forward before its optimizer
+        step (the later mini-batches are scored by weights the update already moved, which would
+        mix policy drift into the engine mismatch). Exact on one rank; under ``torchrun`` each
+        rank's statistics, averaged over the ranks.
         """
         train = torch.cat([t for t, _ in seen])
         rollout = torch.cat([r for _, r in seen])

@@ -289,6 +289,10 @@ class TrainConfig:
                 f"the batch of tasks_per_step*group_size = {r.tasks_per_step}*{r.group_size} = {batch} "
                 "episodes does not split evenly; pick a divisor",
             )
+        if a.max_refill_rounds and r.max_staleness:
+            _fail("algo", "max_refill_rounds", a.max_refill_rounds, "the asynchronous rollout (max_staleness="
+                  f"{r.max_staleness}) plays groups ahead and does not refill dropped ones; leave it unset "
+                  "(dynamic sampling then trains on fewer groups) or use --max-staleness 0")  # fmt: skip
         if a.overlong_buffer >= r.max_new_tokens and a.overlong_buffer:
             _fail(
                 "algo", "overlong_buffer", a.overlong_buffer, f"must be < max_new_tokens={r.max_new_tokens}"
@@ -442,6 +446,12 @@ def to_toml(cfg: TrainConfig) -> str:
 def advisories(cfg: TrainConfig) -> list[str]:
     """Valid settings that probably do not do what was meant, each with what to change (printed at the start)."""
     a, out = cfg.algo, []
+    if a.dynamic_sampling and cfg.rollout.max_staleness:
+        out.append(
+            "algo.dynamic_sampling with rollout.max_staleness > 0: the asynchronous rollout does not refill "
+            "the dropped groups, so a step trains on fewer than tasks_per_step groups "
+            "(rollout/groups_informative is not logged; algo/dynamic_sampling_kept shows the share kept)"
+        )
     if a.decoupled and a.epochs * a.num_minibatches == 1:
         out.append(
             "algo.decoupled=True with one update a step (epochs=1, num_minibatches=1): the clip is "

@@ -19,8 +19,9 @@ Rollouts and evaluations are coroutines on the run's one event loop (``rt.loop``
 trained token more than K versions old (:mod:`agentrl.trainer.service`), and the same step
 trains on the batches they fill. Every weight push
 (warm start, resume, step) goes through :mod:`agentrl.trainer.weight_sync`. Task seeds are a
-pure function of the step (``step * tasks_per_step + i``) and sampling seeds of the (step,
-task, episode, turn), so a resumed synchronous run replays the uninterrupted one.
+cursor (``step * tasks_per_step + i``, further on when dynamic sampling refills a step,
+:mod:`agentrl.trainer.refill`; checkpointed as the data position) and sampling seeds a function
+of the (step, task, episode, turn), so a resumed synchronous run replays the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from agentrl.trainer.checkpoint import REFERENCE, load_reference, reference_of, 
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
+from agentrl.trainer.refill import refill
 from agentrl.trainer.rollout import RolloutResult, merge_results
 from agentrl.trainer.runtime import (
     Runtime,
@@ -90,6 +92,8 @@ class _Run:
     reference: Path | None = None
     """the KL reference's directory, which each checkpoint names (kl_coef > 0)"""
     last_eval: dict[str, float] | None = None
+    next_task: int = 0
+    """the synchronous loop's task cursor: the next task seed to play (the checkpoint's data position)"""
 
     def close(self) -> None:
         if self.service is not None:
@@ -210,7 +214,7 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
         rt.policy,
         cfg.algo,
         cfg.optim,
-        objective=RLObjective(cfg.algo),
+        objective=RLObjective(cfg.algo, norm_tokens=cfg.rollout.max_new_tokens),
         device=rt.device,
         value_head=cfg.algo.algo == "ppo",
         activation_checkpointing=cfg.model.activation_checkpointing,
@@ -353,9 +357,6 @@ def _rollouts(run: _Run, start: int) -> Any:
     """``rollout(step) -> (result, seconds played)``: played now, or taken from the continuous rollout."""
     rt, r = run.rt, run.cfg.rollout
 
-    def seeds(step: int) -> list[int]:
-        return [step * r.tasks_per_step + i for i in range(r.tasks_per_step)]
-
     if r.max_staleness:  # every rank's service plays its share; the shares are gathered here
         saved = (run.resumed or {}).get("rollout") or [{}] * rt.ranks.world
         mine = saved[rt.ranks.rank]
@@ -387,16 +388,26 @@ def _rollouts(run: _Run, start: int) -> Any:
 
         return take
 
-    def now(step: int) -> tuple[RolloutResult, float]:
-        t0 = time.perf_counter()
+    run.next_task = int((run.resumed or {}).get("data_position", start * r.tasks_per_step))
+
+    def play(step: int, seeds: list[int]) -> list[RolloutResult]:
         share = rt.loop.run(
-            rt.rollout.arun(
-                rt.ranks.shard(seeds(step)), r.group_size, r.temperature, salt=step, allow_empty=True
-            ),
+            rt.rollout.arun(rt.ranks.shard(seeds), r.group_size, r.temperature, salt=step, allow_empty=True),
             timeout_s=rt.loop_timeout_s,
             what=f"the rollout of step {step}",
         )
-        res = merge_results(rt.ranks.gather(share), seeds(step))  # every rank's groups: the whole step
+        return rt.ranks.gather(share)  # every rank's groups: the whole step
+
+    def now(step: int) -> tuple[RolloutResult, float]:
+        t0 = time.perf_counter()
+        seeds = list(range(run.next_task, run.next_task + r.tasks_per_step))
+        res = merge_results(play(step, seeds), seeds)
+        run.next_task += r.tasks_per_step
+        if run.cfg.algo.refill_rounds:  # DAPO: new tasks in place of the groups dynamic sampling drops
+            res, run.next_task = refill(
+                res, seeds, lambda more: play(step, more), target=r.tasks_per_step,
+                rounds=run.cfg.algo.refill_rounds, cursor=run.next_task, seed_limit=r.eval_seed_offset,
+            )  # fmt: skip
         return res, time.perf_counter() - t0
 
     return now
@@ -433,7 +444,7 @@ def _save(run: _Run, step: int) -> Path:
         path,
         extra={
             "step": step,
-            "data_position": step * run.cfg.rollout.tasks_per_step,
+            "data_position": run.next_task if run.service is None else step * run.cfg.rollout.tasks_per_step,
             "engine_version": run.rt.engine.weight_version,
             "rollout": run.rt.ranks.gather(run.service.state()) if run.service is not None else None,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},

@@ -16,7 +16,10 @@ or a recompute), ``ref_logp`` and ``advantages`` do not.
   k3 ``r' - log r' - 1`` with ``r' = p_ref / p``, and k3+ (k3's value, k2's gradient). Used as a
   loss only k2 and k3+ have the gradient of KL(pi || ref) in expectation (:func:`kl_penalty`).
 - Aggregation: ``token-mean`` (sum over all tokens / token count), ``seq-mean-token-mean``
-  (per-sequence mean, then mean), ``seq-mean-token-sum`` (per-sequence sum, then mean).
+  (per-sequence mean, then mean), ``seq-mean-token-sum`` (per-sequence sum, then mean),
+  ``seq-mean-token-sum-norm`` (Dr.GRPO, Liu et al. 2025: per-sequence sum over a constant
+  ``norm_tokens``, the generation budget, then mean: the sum over all tokens / (sequences x
+  ``norm_tokens``), so a token's gradient depends on no length; verl's name for it).
   ``num_tokens``/``num_seqs`` override the denominators so that micro-batches and
   ranks add up to exactly the full-batch loss. A "sequence" is an episode: with
   ``seq_tokens`` (each row's episode's sampled tokens, over all its segments) a row's
@@ -62,11 +65,13 @@ def aggregate(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     seq_tokens: torch.Tensor | None = None,
+    norm_tokens: float | None = None,
 ) -> torch.Tensor:
     """Reduce a ``(B, T)`` per-token loss to a scalar (see the module docstring for modes).
 
     ``seq_tokens`` ``(B,)``: the sampled tokens of each row's episode, which ``seq-mean-token-mean``
     divides by (None: each row is its own episode); ``num_seqs`` is then the number of episodes.
+    ``norm_tokens``: ``seq-mean-token-sum-norm``'s constant (required by that mode only).
     """
     m = mask.to(per_token.dtype)
     if mode == "token-mean":
@@ -78,8 +83,16 @@ def aggregate(
         return ((per_token * m).sum(-1) / seq_tok.clamp(min=1.0)).sum() / n_seq
     if mode == "seq-mean-token-sum":
         return (per_token * m).sum(-1).sum() / n_seq
+    if mode == "seq-mean-token-sum-norm":
+        if norm_tokens is None or norm_tokens <= 0:
+            raise ConfigError(
+                f"loss aggregation {mode!r} needs norm_tokens > 0 (the generation budget, max_new_tokens), "
+                f"got {norm_tokens!r}"
+            )
+        return (per_token * m).sum() / (n_seq * norm_tokens)
     raise ConfigError(
-        f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum"
+        f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean, seq-mean-token-sum "
+        "or seq-mean-token-sum-norm"
     )
 
 
@@ -101,6 +114,7 @@ def policy_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     seq_tokens: torch.Tensor | None = None,
+    norm_tokens: float | None = None,
     weights: torch.Tensor | None = None,
 ) -> LossOut:
     """The clipped surrogate of ``kind`` (ppo | gspo | cispo); ``advantages`` is ``(B, T)``.
@@ -139,7 +153,15 @@ def policy_loss(
         raise ConfigError(f"unknown policy loss {kind!r}; use ppo, gspo or cispo")
     if weights is not None:
         per_tok = per_tok * weights.detach()
-    loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs, seq_tokens=seq_tokens)
+    loss = aggregate(
+        per_tok,
+        m,
+        agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        seq_tokens=seq_tokens,
+        norm_tokens=norm_tokens,
+    )
     with torch.no_grad():
         stats = {
             "clip_frac": _masked_mean(clipped, m),
@@ -207,6 +229,7 @@ def value_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     seq_tokens: torch.Tensor | None = None,
+    norm_tokens: float | None = None,
 ) -> LossOut:
     """``0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)``, aggregated."""
     old_values, returns = old_values.detach(), returns.detach()
@@ -215,7 +238,15 @@ def value_loss(
     l2 = (v_clipped - returns) ** 2
     per_tok = 0.5 * torch.maximum(l1, l2)
     m = mask.to(values.dtype)
-    loss = aggregate(per_tok, m, agg, num_tokens=num_tokens, num_seqs=num_seqs, seq_tokens=seq_tokens)
+    loss = aggregate(
+        per_tok,
+        m,
+        agg,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        seq_tokens=seq_tokens,
+        norm_tokens=norm_tokens,
+    )
     return LossOut(loss, {"vf_clip_frac": _masked_mean((l2 > l1).to(values.dtype), m)})
 
 
