@@ -2,7 +2,8 @@
 
 All three take the flags generated from :mod:`agentrl.trainer.config` (and
 ``--config run.toml``); ``eval`` adds ``--model PATH`` semantics (any checkpoint
-directory or model name) and evaluates greedily on the held-out seeds.
+directory or model name) and evaluates on the held-out seeds: greedy, and pass@k from
+``--eval-samples`` episodes sampled at the training temperature (:mod:`agentrl.trainer.evaluation`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
     from rich.console import Console
 
     from agentrl.trainer.algorithm import make_backend
+    from agentrl.trainer.evaluation import describe
     from agentrl.trainer.loop import progress_bar
     from agentrl.trainer.metrics import MetricsLogger
     from agentrl.trainer.runtime import build_runtime, evaluate, seed_everything, start_run_dir
@@ -84,6 +86,7 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
             f"eval reward {before['eval/reward']:.3f} → {after['eval/reward']:.3f} "
             f"({cfg.rollout.eval_episodes} held-out seeds), {time.perf_counter() - t0:.1f} s"
         )
+        console.print(f"after SFT: {describe(after)}")
         console.print(f"model: {out}")
         summary = {"eval_before": before, "eval_after": after, "sft": stats, "config": _asdict(cfg)}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -100,21 +103,47 @@ def _asdict(cfg: Any) -> dict[str, Any]:
 
 
 def _eval(args: argparse.Namespace, start_parts: StartParts | None = None) -> int:
-    from rich.console import Console
+    """The metrics of :mod:`agentrl.trainer.evaluation` as a table, then as one JSON line (the last)."""
+    import json
 
+    from rich.console import Console
+    from rich.table import Table
+
+    from agentrl.trainer.config import advisories
     from agentrl.trainer.runtime import build_runtime, evaluate
 
     cfg = _resolve(args)
+    r = cfg.rollout
+    console = Console()
+    for note in advisories(cfg):
+        console.print(f"[yellow]note:[/] {note}")
     rt = build_runtime(cfg, start_parts=start_parts)
     try:
         ev = evaluate(rt)
     finally:
         rt.close()
-    Console().print(
-        f"{cfg.model.model} on {cfg.rollout.env!r}, {int(ev['eval/episodes'])} held-out seeds from "
-        f"{cfg.rollout.eval_seed_offset} (greedy): reward {ev['eval/reward']:.3f}, solved {ev['eval/solved']:.3f}"
+    sampled = f" and {r.eval_samples} sampled at temperature {r.temperature}" if r.eval_samples else ""
+    console.print(
+        f"{cfg.model.model} on {r.env!r}, {r.eval_episodes} held-out seeds from {r.eval_seed_offset}, "
+        f"one greedy episode each{sampled}; success: return >= {ev['eval/success_threshold']:g}",
+        soft_wrap=True,
     )
+    table = Table(
+        title="evaluation (95 % bootstrap intervals over seeds; dropped episodes count as failures)"
+    )
+    for col in ("metric", "value", "95 % interval"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for key, value in ev.items():
+        if key.endswith(("_lo", "_hi")):
+            continue
+        ci = f"[{ev[key + '_lo']:.3f}, {ev[key + '_hi']:.3f}]" if key + "_lo" in ev else ""
+        table.add_row(key, str(int(value)) if key in _COUNTS else f"{value:.3f}", ci)
+    console.print(table)
+    print(json.dumps(ev))
     return 0
+
+
+_COUNTS = {"eval/episodes", "eval/dropped", "eval/samples", "eval/sampled_episodes"}
 
 
 def register(
@@ -142,7 +171,8 @@ def register(
         (
             "eval",
             functools.partial(_eval, start_parts=start_parts),
-            "evaluate a model or checkpoint directory (--model PATH) on held-out seeds, greedily",
+            "evaluate a model or checkpoint directory (--model PATH) on held-out seeds: greedy, and pass@k "
+            "with confidence intervals, from --eval-samples episodes sampled at --temperature",
         ),
     ):
         p = sub.add_parser(name, help=text, description=text)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -124,7 +125,7 @@ class RolloutConfig:
     max_turns: int | None = None
     """assistant turns per episode before it is truncated; unset = the env's own max_turns (fewer cuts episodes shorter, more is an error)"""
     temperature: float = 1.0
-    """sampling temperature for training rollouts; the trainer scores the sampled tokens under softmax(logits / T) too (eval is greedy)"""
+    """sampling temperature for training rollouts; the trainer scores the sampled tokens under softmax(logits / T) too (eval: greedy, and eval_samples at T)"""
     max_infra_retries: int = 2
     """retries of an episode that failed for infrastructure reasons, on a fresh env"""
     episode_timeout_s: float = 120.0
@@ -143,6 +144,12 @@ class RolloutConfig:
     """number of held-out seeds per evaluation"""
     eval_seed_offset: int = 1_000_000
     """held-out seeds start here; training seeds count up from 0 and never reach it"""
+    eval_samples: int = 4
+    """episodes sampled at --temperature per held-out seed, beside the greedy one, for pass@k (`agentrl eval`, `sft`, and train's evals at the start and end of RL; the evals every eval_every steps stay greedy); 0: greedy only"""
+    eval_k: str = ""
+    """the k of pass@k, comma-separated (e.g. '1,4'), each at most eval_samples; empty: 1 and eval_samples"""
+    eval_success_threshold: float | None = None
+    """an eval episode succeeds (eval/solved, pass@k) when its return is >= this; unset: the env's maximum return, reward_range[1]"""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "tasks_per_step", "max_new_tokens", "eval_episodes"):
@@ -152,7 +159,7 @@ class RolloutConfig:
             _fail("rollout", "max_turns", self.max_turns, "must be >= 1 (or unset: the env's own max_turns)")
         if self.temperature < 0:
             _fail("rollout", "temperature", self.temperature, "must be >= 0")
-        for name in ("max_infra_retries", "eval_every", "max_staleness", "overprovision"):
+        for name in ("max_infra_retries", "eval_every", "eval_samples", "max_staleness", "overprovision"):
             if getattr(self, name) < 0:
                 _fail("rollout", name, getattr(self, name), "must be >= 0")
         if self.overprovision and not self.max_staleness:
@@ -185,6 +192,11 @@ class RolloutConfig:
             )
         if not isinstance(self.env_kwargs, dict):
             _fail("rollout", "env_kwargs", self.env_kwargs, "must be a table / JSON object")
+        from agentrl.trainer.evaluation import parse_ks
+
+        parse_ks(self.eval_k, self.eval_samples)  # every k of pass@k within 1..eval_samples
+        if self.eval_success_threshold is not None and not math.isfinite(self.eval_success_threshold):
+            _fail("rollout", "eval_success_threshold", self.eval_success_threshold, "must be a finite number")
         if self.agent:
             from agentrl.trainer.agent import agent_argv
 
@@ -451,6 +463,11 @@ def advisories(cfg: TrainConfig) -> list[str]:
             "algo.dynamic_sampling with rollout.max_staleness > 0: the asynchronous rollout does not refill "
             "the dropped groups, so a step trains on fewer than tasks_per_step groups "
             "(rollout/groups_informative is not logged; algo/dynamic_sampling_kept shows the share kept)"
+        )
+    if cfg.rollout.eval_samples and cfg.rollout.temperature == 0:
+        out.append(
+            f"rollout.eval_samples={cfg.rollout.eval_samples} at temperature 0: the sampled eval episodes are the "
+            "greedy one repeated, so pass@k equals greedy solved. Use --eval-samples 0 (greedy only)"
         )
     if a.decoupled and a.epochs * a.num_minibatches == 1:
         out.append(

@@ -9,6 +9,7 @@
         ├── AgentError             an --agent program failed to play its episode (cannot start, crashed, hung)
         ├── BackendError           the training backend failed (bad batch, distributed setup, deadline)
         ├── LossInputError         (ValueError) a loss or advantage got inputs it cannot use (an RLOO group of 1)
+        ├── EvalInputError         (ValueError) pass@k or an interval got inputs it cannot use (k > n samples)
         ├── WeightSyncError        pushing weights to the engine failed; the version was not bumped
         └── CheckpointError        a checkpoint is missing, incomplete or does not match the run
 
@@ -25,6 +26,7 @@ __all__ = [
     "AgentError",
     "BackendError",
     "CheckpointError",
+    "EvalInputError",
     "LossInputError",
     "RolloutError",
     "TrainerError",
@@ -51,6 +53,10 @@ class BackendError(TrainerError):
 
 class LossInputError(TrainerError, ValueError):
     """A loss or advantage function got inputs it cannot use (e.g. an RLOO group with one episode)."""
+
+
+class EvalInputError(TrainerError, ValueError):
+    """The pass@k estimator or a confidence interval got inputs it cannot use (k > n samples, no tasks)."""
 
 
 class WeightSyncError(TrainerError):

@@ -6,7 +6,7 @@
     start = _warm_start_or_resume(run)     # resume: weights, optimizer, RNG, step  |  SFT on oracle episodes
                                            # (--engine-url without either: the start weights pushed as version 0)
     _reference(run)                        # kl_coef > 0: the start-of-RL policy, frozen (RUN_DIR/reference)
-    _eval_start(run)                       # greedy held-out seeds: the "start of RL" number
+    _eval_start(run)                       # held-out seeds, greedy and pass@k: the "start of RL" numbers
     for step in range(start, steps):
         res   = rollout(step)              # tasks_per_step seeds × group_size episodes, whole groups
         stats = train_step(...)            # rewards → advantages → backend.train_step (algorithm.py)
@@ -43,6 +43,7 @@ from agentrl.trainer.backend import FSDP2Backend
 from agentrl.trainer.checkpoint import REFERENCE, load_reference, reference_of, store_reference
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
+from agentrl.trainer.evaluation import describe
 from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
 from agentrl.trainer.refill import refill
 from agentrl.trainer.rollout import RolloutResult, merge_results
@@ -70,6 +71,8 @@ class RunSummary:
     seconds: float = 0.0
     final_model: str = ""
     history: list[dict[str, float]] = field(default_factory=list)
+    evals: dict[str, dict[str, float]] = field(default_factory=dict)
+    """the ``eval/...`` metrics at the ``"start"`` and ``"end"`` of RL (:mod:`agentrl.trainer.evaluation`)"""
 
 
 @dataclass
@@ -345,8 +348,10 @@ def _eval_start(run: _Run) -> None:
     ev = evaluate(run.rt, what="the evaluation at the start of RL")
     run.log.log("eval", 0, ev)
     run.summary.eval_start = ev["eval/reward"]
+    run.summary.evals["start"] = ev
     run.console.print(
-        f"eval at start of RL (step 0, {int(ev['eval/episodes'])} held-out seeds): reward {ev['eval/reward']:.3f}"
+        f"eval at start of RL (step 0, {run.cfg.rollout.eval_episodes} held-out seeds): reward {ev['eval/reward']:.3f}"
+        f"\n  {describe(ev)}"
     )
 
 
@@ -417,7 +422,7 @@ def _log_eval_checkpoint(run: _Run, done: int, row: dict[str, float], task: Any,
     """After ``done`` steps: eval every ``eval_every``, the metrics row and trained tasks, progress, checkpoint."""
     cfg = run.cfg
     if cfg.rollout.eval_every and done % cfg.rollout.eval_every == 0 and done < cfg.run.steps:
-        run.last_eval = evaluate(run.rt, what=f"the eval after step {done}")
+        run.last_eval = evaluate(run.rt, sampled=False, what=f"the eval after step {done}")
         run.log.log("eval", done, run.last_eval)
     run.log.log("train", done, row)
     run.log.tasks(done, task_ids)
@@ -465,6 +470,7 @@ def _eval_end(run: _Run) -> None:
     ev = evaluate(run.rt, what="the evaluation at the end of RL")
     run.log.log("eval", run.cfg.run.steps, ev)
     run.summary.eval_end = ev["eval/reward"]
+    run.summary.evals["end"] = ev
 
 
 def _finish(run: _Run) -> RunSummary:
@@ -481,6 +487,8 @@ def _finish(run: _Run) -> RunSummary:
                 f"eval reward on {run.cfg.rollout.eval_episodes} held-out seeds: "
                 f"start of RL {s.eval_start:.3f} → end of RL {s.eval_end:.3f}"
             )
+        if "end" in s.evals:
+            run.console.print(f"eval at end of RL: {describe(s.evals['end'])}")
         run.console.print(f"model: {s.final_model}\nplot: {png}\nwall time: {s.seconds:.1f} s")
         (run.run_dir / "summary.json").write_text(
             json.dumps(dataclasses.asdict(s) | {"history": []}, indent=1)

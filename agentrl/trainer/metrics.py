@@ -120,7 +120,7 @@ def plot(path: str | Path, out: str | Path) -> Path:
 
 
 def summary_table(path: str | Path) -> Any:
-    """A rich Table: eval reward at the start and end of RL, train reward, time split."""
+    """A rich Table: eval reward, solved and pass@k at the start and end of RL, train reward, time split."""
     from rich.table import Table
 
     rows = read_jsonl(path)
@@ -138,6 +138,13 @@ def summary_table(path: str | Path) -> Any:
             f"eval reward, end of RL (step {evals[-1]['step']})",
             f"{evals[-1].get('eval/reward', float('nan')):.3f}",
         )
+        for name in ("solved", *_pass_names(evals[-1])):  # with their 95 % intervals over seeds
+            if f"eval/{name}_lo" in evals[0] and f"eval/{name}_lo" in evals[-1]:
+                t.add_row(
+                    f"eval {name}, start → end of RL", f"{_ci(evals[0], name)} → {_ci(evals[-1], name)}"
+                )
+        if dropped := sum(int(r.get("eval/dropped", 0)) for r in evals):
+            t.add_row("eval episodes dropped (counted as failures)", str(dropped))
         turns = [r.get("eval/turns", 1.0) for r in (evals[0], evals[-1])]
         if (
             max(turns) > 1
@@ -159,3 +166,11 @@ def summary_table(path: str | Path) -> Any:
             )
         t.add_row("train steps", str(len(train)))
     return t
+
+
+def _pass_names(row: dict[str, Any]) -> list[str]:
+    return [k[len("eval/") :] for k in row if k.startswith("eval/pass@") and not k.endswith(("_lo", "_hi"))]
+
+
+def _ci(row: dict[str, Any], name: str) -> str:
+    return f"{row[f'eval/{name}']:.3f} [{row[f'eval/{name}_lo']:.3f}, {row[f'eval/{name}_hi']:.3f}]"

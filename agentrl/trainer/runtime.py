@@ -5,7 +5,7 @@
     rt = build_runtime(cfg)            # checks the env and --max-turns, then loads the model
     rt.loop                            # the run's one event loop (rollouts, evals, engine calls)
     rt.sessions                        # a SessionBackend: in process over rt.engine, or a session server
-    ev = evaluate(rt)                  # greedy episodes on the held-out seeds
+    ev = evaluate(rt)                  # the held-out seeds (agentrl.trainer.evaluation; re-exported)
     rt.close()
 
 With ``rollout.session_url`` the episodes and weight syncs go to a session server
@@ -32,7 +32,8 @@ from agentrl.eventloop import LoopThread
 from agentrl.session.backend import SessionBackend
 from agentrl.trainer.config import TrainConfig, to_toml
 from agentrl.trainer.distributed import Ranks
-from agentrl.trainer.rollout import RolloutManager, RolloutResult, turn_limit
+from agentrl.trainer.evaluation import evaluate, play_eval
+from agentrl.trainer.rollout import RolloutManager, turn_limit
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -420,52 +421,3 @@ def _same_model(served: str, local: str) -> bool:
         return Path(resolve(served)).resolve() == Path(resolve(local)).resolve()
     except Exception:  # noqa: BLE001 - a name only the server can resolve is simply not equal
         return False
-
-
-# ---------------------------------------------------------------- evaluation
-
-
-async def play_eval(rt: Runtime, episodes: int | None = None) -> RolloutResult:
-    """This rank's share of the greedy held-out episodes (seeds ``eval_seed_offset + i``)."""
-    r = rt.cfg.rollout
-    seeds = rt.ranks.shard([r.eval_seed_offset + i for i in range(episodes or r.eval_episodes)])
-    return await rt.rollout.arun(seeds, 1, 0.0, salt=-1, allow_empty=True)
-
-
-def eval_metrics(rt: Runtime, res: RolloutResult, episodes: int | None = None) -> dict[str, float]:
-    """Mean reward and accuracy of an evaluation; under ``torchrun`` summed over the ranks (a collective)."""
-    n = episodes or rt.cfg.rollout.eval_episodes
-    eps = res.episodes
-    hi = _reward_max(rt)
-    reward, solved, played, tokens, turns = rt.ranks.all_sum(
-        [
-            sum(e.reward for e in eps),
-            sum(e.reward >= hi for e in eps),
-            len(eps),
-            sum(e.completion_tokens for e in eps),
-            sum(e.turns for e in eps),
-        ]
-    )
-    return {
-        "eval/reward": reward / max(played, 1),
-        "eval/solved": solved / max(played, 1),
-        "eval/episodes": played,
-        "eval/dropped": n - played,
-        "eval/completion_tokens": tokens / max(played, 1),
-        "eval/turns": turns / max(played, 1),
-    }
-
-
-def evaluate(rt: Runtime, episodes: int | None = None, *, what: str = "the evaluation") -> dict[str, float]:
-    """Greedy episodes on the held-out seeds, played on the run's loop (beside a continuous rollout's
-    groups, if any); every rank returns the same numbers. ``what`` names it in a deadline error."""
-    res = rt.loop.run(play_eval(rt, episodes), timeout_s=rt.loop_timeout_s, what=what)
-    return eval_metrics(rt, res, episodes)
-
-
-def _reward_max(rt: Runtime) -> float:
-    env = rt.env_factory()
-    try:
-        return float(getattr(env, "reward_range", (0.0, 1.0))[1])
-    finally:
-        env.close()
