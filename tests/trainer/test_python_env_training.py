@@ -128,9 +128,11 @@ def test_sandbox_tricks_are_scored_failures_not_retries(
             0.0,
             2.0,
         )  # scored, after the model saw its result
-    # one tool result per episode (a retried episode would have replayed its trick): 2 steps and 2 evals
+    # one tool result per episode (a retried episode would have replayed its trick): 2 steps and 2 evals,
+    # each a greedy episode and eval_samples sampled ones per held-out seed
     shown = TrickEngine.shown
-    assert len(shown) == 2 * cfg.batch_size + 2 * cfg.rollout.eval_episodes
+    per_eval = cfg.rollout.eval_episodes * (1 + cfg.rollout.eval_samples)
+    assert len(shown) == 2 * cfg.batch_size + 2 * per_eval
     assert sum("OSError: [Errno 9] Bad file descriptor" in s for s in shown) >= 4
     assert any(s.startswith("\n[stopped: output limit]") and "[truncated]" in s for s in shown)
     assert any(s.startswith("\n[stopped: memory limit]") or "MemoryError" in s for s in shown)
