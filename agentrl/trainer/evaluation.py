@@ -219,9 +219,9 @@ def describe(ev: dict[str, float]) -> str:
     )
     if ks:
         passes = ", ".join(f"pass@{k} {ci(f'pass@{k}')}" for k in ks)
-        parts.append(f"sampled ({int(ev['eval/samples'])} a seed) {passes}")
-    parts.append(f"dropped {int(ev['eval/dropped'])} (counted as failures)")
-    return "; ".join(parts) + " (95 % bootstrap intervals over seeds)"
+        parts.append(f"{int(ev['eval/samples'])} samples a seed: {passes}")
+    parts.append(f"{int(ev['eval/dropped'])} dropped (failures); 95 % bootstrap intervals over seeds")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------- playing it

@@ -139,10 +139,9 @@ def summary_table(path: str | Path) -> Any:
             f"{evals[-1].get('eval/reward', float('nan')):.3f}",
         )
         for name in ("solved", *_pass_names(evals[-1])):  # with their 95 % intervals over seeds
-            if f"eval/{name}_lo" in evals[0] and f"eval/{name}_lo" in evals[-1]:
-                t.add_row(
-                    f"eval {name}, start → end of RL", f"{_ci(evals[0], name)} → {_ci(evals[-1], name)}"
-                )
+            for when, row in (("start", evals[0]), ("end", evals[-1])):
+                if f"eval/{name}_lo" in row:
+                    t.add_row(f"eval {name} [95 % interval], {when} of RL", _ci(row, name))
         if dropped := sum(int(r.get("eval/dropped", 0)) for r in evals):
             t.add_row("eval episodes dropped (counted as failures)", str(dropped))
         turns = [r.get("eval/turns", 1.0) for r in (evals[0], evals[-1])]

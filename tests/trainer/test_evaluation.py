@@ -182,5 +182,10 @@ def test_the_run_summary_shows_solved_and_pass_at_k_start_to_end(tmp_path):
     buf = io.StringIO()
     Console(file=buf, width=200).print(summary_table(tmp_path / "metrics.jsonl"))
     text = buf.getvalue()
-    assert "eval pass@1, start → end of RL" in text and "0.750 [" in text and "1.000 [1.000, 1.000]" in text
+    line = {
+        ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in text.splitlines() if ln.count("│") == 3
+    }
+    assert line["eval pass@1 [95 % interval], start of RL"].startswith("0.750 [")  # (0.5 + 1) / 2
+    assert line["eval solved [95 % interval], start of RL"].startswith("0.000 [")  # the dropped one failed
+    assert line["eval pass@2 [95 % interval], end of RL"] == "1.000 [1.000, 1.000]"
     assert "eval episodes dropped (counted as failures)" in text
