@@ -30,7 +30,7 @@ Metrics (``eval/...``):
 
 The interval is a 95 % percentile bootstrap over tasks (2,000 resamples of the per-task values
 with replacement, a fixed seed, so every rank and every rerun prints the same): it says how much
-the number could move with another draw of tasks as many, not the sampling noise within a task.
+the number could move with another draw of as many tasks, not the sampling noise within a task.
 It is ``[x, x]`` when every task scores the same, and too narrow with only a handful of tasks.
 """
 
@@ -59,6 +59,7 @@ __all__ = [
     "parse_ks",
     "pass_at_k",
     "play_eval",
+    "success_threshold",
 ]
 
 RESAMPLES = 2000

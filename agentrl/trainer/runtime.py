@@ -388,7 +388,7 @@ def _connect_session_server(
             url,
             timeout_s=r.episode_timeout_s,
             connect_timeout_s=min(10.0, r.episode_timeout_s),
-            max_connections=max(r.tasks_per_step * r.group_size, r.eval_episodes),
+            max_connections=max(r.tasks_per_step * r.group_size, r.eval_episodes * (1 + r.eval_samples)),
         )
         return client, await client.encode(probe)
 
