@@ -85,7 +85,8 @@ def test_train_on_an_openenv_library_env(url: str, protocol: str, staleness: int
         assert r["rollout/reward"] > 0.0
     # continuous rollout: step 2 trained episodes played by the weights before step 1's update
     assert [r["train/staleness_max"] for r in rows] == [0.0, float(staleness)]
-    trained = 2 * 8 + 2 * 2  # the train steps' episodes and the two evals'
+    # the train steps' episodes and the two evals': 2 seeds, each a greedy and eval_samples (4) sampled episodes
+    trained = 2 * 8 + 2 * 2 * (1 + 4)
     if staleness == 0:
         assert len(SEEN) == trained
     else:  # plus the groups in flight when the run ended: at most (K + 1) steps' worth, cancelled

@@ -102,12 +102,13 @@ def test_train_through_a_session_server(
         )
         assert r.status_code == 400 and "no weight update group" in r.json()["message"]
 
-    # every episode of the run was a session on the server: 2 evals + the steps' groups, and with
-    # continuous rollout the groups still in flight when the run ended (cancelled, their sessions closed)
+    # every episode of the run was a session on the server: 2 evals (a greedy and eval_samples sampled
+    # episodes per seed) + the steps' groups, and with continuous rollout the groups still in flight
+    # when the run ended (cancelled, their sessions closed)
     trained = sum(r["rollout/episodes_ok"] + r["rollout/episodes_model_error"] for r in rows)
     assert sum(r["rollout/infra_retries"] for r in rows) == 0
     created = after["tito/sessions_created"] - before.get("tito/sessions_created", 0.0)
-    in_flight = created - trained - 2 * SMALL["eval_episodes"]
+    in_flight = created - trained - 2 * SMALL["eval_episodes"] * (1 + cfg.rollout.eval_samples)
     if staleness == 0:
         assert in_flight == 0
     else:  # at most (K + 1) steps' groups beyond the last batch were started
