@@ -16,38 +16,125 @@ budget the agent asks for, a pinned session samples with the run's (temperature 
 per-turn seed in training, greedy in evaluation), and at most the run's ``max_new_tokens``
 (fewer if the agent asks for fewer). Routes, request shapes and errors are the session
 server's own (:mod:`agentrl.session.server`); nothing here changes them.
+
+A pinned session also keeps a :class:`TurnRecord` of what the gateway saw of its turns: how
+many were answered, whether one is in flight, and whether the last one failed on the
+gateway's side (the engine, the template, the ledger). When an agent program ends badly, that
+record is the evidence of who failed (:mod:`agentrl.trainer.agent`): an agent that crashed
+after a completion was answered crashed on the model's output; one whose last request failed
+here was let down by the infrastructure.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from agentrl.engines.protocol import TokenDelta
 from agentrl.httpkit import BackgroundServer
+from agentrl.session.backend import ChatResult, TurnRequest
+from agentrl.session.errors import SessionKeyError, SessionRequestError, UnknownSessionError
 from agentrl.session.manager import SessionManager
-from agentrl.types import SamplingParams, Trajectory
+from agentrl.types import Message, SamplingParams, ToolSpec, Trajectory
 
 if TYPE_CHECKING:
     from agentrl.eventloop import LoopThread
 
-__all__ = ["EmbeddedGateway", "GatewayManager", "Sampler"]
+__all__ = ["EmbeddedGateway", "GatewayManager", "Sampler", "TurnRecord"]
 
 Sampler = Callable[[int], SamplingParams]
 """The sampling of a pinned session's turn ``k`` (0-based, counted over the session's life)."""
 
 
+_NOT_OURS = (SessionRequestError, SessionKeyError, UnknownSessionError)
+"""Refusals of the request itself (invalid, context full, wrong key): the caller's or the model's doing."""
+
+
+@dataclass
+class TurnRecord:
+    """What the gateway saw of one pinned session's turns (non-streamed and streamed alike)."""
+
+    answered: int = 0
+    """turns answered with a completion"""
+    in_flight: int = 0
+    """turns started and not answered or failed yet (the model is generating)"""
+    last_failure: str | None = None
+    """why the latest finished turn failed on the gateway's side (the engine, the template, the
+    ledger); ``None`` when it was answered, or refused as the request's own fault (``_NOT_OURS``)"""
+
+    def answer(self) -> None:
+        self.answered += 1
+        self.last_failure = None
+
+    def fail(self, e: Exception) -> None:
+        self.last_failure = None if isinstance(e, _NOT_OURS) else f"{type(e).__name__}: {e}"
+
+
 class GatewayManager(SessionManager):
-    """A :class:`SessionManager` whose pinned sessions sample with the caller's parameters (module docstring)."""
+    """A :class:`SessionManager` whose pinned sessions sample with the caller's parameters and keep
+    a :class:`TurnRecord` (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pins: dict[str, tuple[Sampler, list[int]]] = {}
+        self._records: dict[str, TurnRecord] = {}
 
     def pin(self, session_id: str, sampler: Sampler) -> None:
         """From now on, turn ``k`` of ``session_id`` samples with ``sampler(k)``; unknown ids raise."""
         self._get(session_id)
         self._pins[session_id] = (sampler, [0])
+        self._records[session_id] = TurnRecord()
+
+    def turn_record(self, session_id: str) -> TurnRecord:
+        """The live :class:`TurnRecord` of pinned session ``session_id`` (a fresh one if it is not pinned)."""
+        return self._records.get(session_id) or TurnRecord()
+
+    async def _turn(self, session_id: str, turn: TurnRequest) -> ChatResult:
+        rec = self._records.get(session_id) or TurnRecord()  # an unpinned session's is thrown away
+        rec.in_flight += 1
+        try:
+            res = await super()._turn(session_id, turn)
+        except Exception as e:
+            rec.fail(e)
+            raise
+        finally:
+            rec.in_flight -= 1
+        rec.answer()
+        return res
+
+    async def chat_stream(
+        self,
+        session_id: str,
+        messages: list[Message],
+        tools: list[ToolSpec] | None = None,
+        sampling: SamplingParams | None = None,
+        *,
+        stop: list[str] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> AsyncGenerator[TokenDelta | ChatResult, None]:
+        inner = super().chat_stream(
+            session_id, messages, tools, sampling, stop=stop, template_kwargs=template_kwargs
+        )
+        rec = self._records.get(session_id) or TurnRecord()  # an unpinned session's is thrown away
+        rec.in_flight += 1
+        flying = True  # until the ChatResult: the turn is answered then, whatever the client reads after it
+        try:
+            async for item in inner:
+                if isinstance(item, ChatResult):
+                    flying = False
+                    rec.in_flight -= 1
+                    rec.answer()
+                yield item
+        except Exception as e:
+            if flying:
+                rec.fail(e)
+            raise
+        finally:
+            if flying:
+                rec.in_flight -= 1
+            await inner.aclose()
 
     def turn_sampling(self, session_id: str, sampling: SamplingParams | None) -> SamplingParams | None:
         """A pinned session's turn samples with the run's parameters (streamed or not, any dialect)."""
@@ -63,6 +150,7 @@ class GatewayManager(SessionManager):
     async def close(self, session_id: str) -> list[Trajectory]:
         trajs = await super().close(session_id)
         self._pins.pop(session_id, None)
+        self._records.pop(session_id, None)
         return trajs
 
 

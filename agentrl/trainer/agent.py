@@ -12,15 +12,34 @@ With ``rollout.agent = "CMD"`` (`agentrl train --agent CMD`) an episode is::
     trajectories = await sessions.close(id)  # exactly what the model sampled, every segment
 
 The agent owns its loop (its prompts, tools, turn limit); agentrl owns the tokens (the
-ledger) and the reward (the env). Failures are classified as everywhere in the rollout:
+ledger) and the reward (the env). Whatever the model's own output can cause is data: scored
+and counted, never retried away. Who failed is decided from evidence the model cannot
+produce: the agent's exit status, the last line of its stderr, and the gateway's
+:class:`~agentrl.session.embedded.TurnRecord` of the session (turns answered, a turn in
+flight, the last turn failed on our side):
 
+- **the model's, scored** (``status="model_error"``, ``truncated``; :class:`AgentPlay`'s ``cause``):
+  - ``"deadline"``: the agent outlived ``episode_timeout_s`` while a model turn was in flight
+    (the model's output was long or slow);
+  - ``"agent_crash"``: the agent exited with a status in 1..128 after at least one answered
+    turn, with no turn in flight, the last turn not failed on our side, its last stderr line
+    not a connection or timeout error, and the gateway still answering: it crashed on the
+    model's output (a tool call it could not parse). A bug in the agent that raises after a
+    completion looks the same; ``rollout/agent_crashes`` counts these, and the attempt's log
+    has the traceback.
+
+  The episode is trained on the tokens gathered so far, with the env's score of the outcome
+  (:func:`score_agent`; an env's ``score_agent`` hook sees ``outcome.cause``).
 - **infrastructure** (:class:`~agentrl.trainer.errors.AgentError`): the command cannot start,
-  exits non-zero, outlives ``episode_timeout_s`` (its whole process group is killed) or never
-  calls the model. The rollout retries the episode on a fresh env and session, up to
-  ``max_infra_retries``, and counts it; it is never scored 0.
-- **the model's**: whatever the model said (a malformed tool call, no answer, a wrong one) is
-  what the env scores. An agent should therefore exit 0 when the *model* failed (the example
-  agents catch their SDK's "model behaved badly" errors) and non-zero only when it broke.
+  is killed by a signal (a negative status, or 129..255 as a shell reports one), exits non-zero
+  before any answered turn, while its request is in flight, after the gateway failed its last
+  turn, on a connection or timeout error, or when the gateway no longer answers; outlives its
+  deadline while not waiting on the model (its own tools hung); or never calls the model.
+  The rollout retries the episode on a fresh env and session, up to ``max_infra_retries``, and
+  counts it; it is never scored 0.
+- whatever the model said (a malformed tool call, no answer, a wrong one) when the agent exits
+  0 is what the env scores, as always; an agent that catches its SDK's "model behaved badly"
+  errors and exits 0 is scored the same way.
 
 Every attempt's command, exit status, time, stdout and stderr go to
 ``log_dir/<step-N|eval>/<group>-<episode>-a<attempt>.log``.
@@ -30,12 +49,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,17 +66,20 @@ import httpx
 
 from agentrl.errors import ConfigError
 from agentrl.httpkit import StatusMap
-from agentrl.session.embedded import EmbeddedGateway, GatewayManager
+from agentrl.session.embedded import EmbeddedGateway, GatewayManager, TurnRecord
 from agentrl.trainer.errors import AgentError
 from agentrl.types import Message, SamplingParams, Trajectory
 
-__all__ = ["AgentOutcome", "AgentRun", "AgentRunner", "agent_argv", "run_agent", "score_agent"]
+__all__ = ["AgentOutcome", "AgentPlay", "AgentRun", "AgentRunner", "agent_argv", "run_agent", "score_agent"]
 
 _GATEWAY_ERRORS = StatusMap[AgentError](default=AgentError)
 """The gateway refused a session (any answer but 201): the attempt's infrastructure failed."""
 
 _KILL_GRACE_S = 5.0
 """How long to wait for a killed process group and its pipes before giving up on them."""
+
+_TRANSPORT = re.compile(r"connect|timeout|timed ?out|protocolerror|broken ?pipe", re.IGNORECASE)
+"""An exception name on the agent's last stderr line that says it could not reach the gateway."""
 
 
 def agent_argv(command: str) -> list[str]:
@@ -95,13 +120,18 @@ def _kill_group(pid: int) -> None:
 
 
 async def run_agent(
-    argv: list[str], env: dict[str, str], timeout_s: float, cwd: str | None = None
+    argv: list[str],
+    env: dict[str, str],
+    timeout_s: float,
+    cwd: str | None = None,
+    on_deadline: Callable[[], None] | None = None,
 ) -> AgentRun:
     """Run ``argv`` in its own session and process group, at most ``timeout_s`` seconds.
 
     The group is killed when the process exits (children it left behind go with it), when
-    it outlives its deadline, and when the caller is cancelled; nothing is left running.
-    Raises AgentError when the command cannot start.
+    it outlives its deadline (``on_deadline()`` is called first, while it still runs), and
+    when the caller is cancelled; nothing is left running. Raises AgentError when the command
+    cannot start.
     """
     t0 = time.perf_counter()
     try:
@@ -123,6 +153,8 @@ async def run_agent(
         await asyncio.wait_for(proc.wait(), timeout_s)
     except TimeoutError:
         timed_out = True
+        if on_deadline is not None:
+            on_deadline()
     finally:
         _kill_group(proc.pid)
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
@@ -149,6 +181,9 @@ class AgentOutcome:
     """model calls over the whole session (every segment)"""
     trajectories: list[Trajectory] = field(default_factory=list)
     """the exact tokens of every segment (the reward is not set yet)"""
+    cause: str | None = None
+    """why the episode was cut short by the model's doing: ``"deadline"`` or ``"agent_crash"``
+    (module docstring); ``None`` when the agent exited 0"""
 
     @property
     def answer(self) -> Message | None:
@@ -236,14 +271,8 @@ class AgentRunner:
             f"--- stdout\n{run.stdout}\n--- stderr\n{run.stderr}\n"
         )
 
-    async def play(
-        self,
-        env: Any,
-        task: list[Message],
-        sampling: Any,
-        where: str,
-    ) -> tuple[float, bool, int, list[Trajectory]]:
-        """One attempt: ``(reward, terminated, turns, trajectories)``; AgentError on an agent failure.
+    async def play(self, env: Any, task: list[Message], sampling: Any, where: str) -> AgentPlay:
+        """One attempt, scored (see :class:`AgentPlay`); AgentError on an infrastructure failure.
 
         ``sampling(turn) -> SamplingParams`` is pinned on the session; ``where`` names the log file.
         """
@@ -251,35 +280,106 @@ class AgentRunner:
         closed = False
         try:
             self.manager.pin(sid, sampling)
-            run = await run_agent(self.argv, self._environ(sid, urls, task), self.timeout_s)
+            at_deadline: list[TurnRecord] = []
+            run = await run_agent(
+                self.argv,
+                self._environ(sid, urls, task),
+                self.timeout_s,
+                on_deadline=lambda: at_deadline.append(dataclasses.replace(self.manager.turn_record(sid))),
+            )
             self._log(where, run)
-            cmd = shlex.join(self.argv)
-            if run.timed_out:
-                raise AgentError(
-                    f"agent {cmd!r} did not exit within {self.timeout_s:g} s (rollout.episode_timeout_s); its "
-                    f"process group was killed; stderr ends: {run.stderr[-300:]!r}"
-                )
-            if run.returncode != 0:
-                raise AgentError(
-                    f"agent {cmd!r} exited with status {run.returncode}; stderr ends: {run.stderr[-500:]!r}"
-                )
             ledger = self.manager.ledger(sid)
             turns = sum(len(s.turns) for s in ledger.segments)
-            if not turns:
-                raise AgentError(
-                    f"agent {cmd!r} exited 0 without calling the model (is it using OPENAI_BASE_URL / "
-                    f"ANTHROPIC_BASE_URL?); stdout ends: {run.stdout[-300:]!r}"
-                )
+            cause, error = await self._judge(run, at_deadline, self.manager.turn_record(sid), turns)
             messages = list(ledger.current.messages) if ledger.current is not None else []
             trajs = await self.manager.close(sid)
             closed = True
-            outcome = AgentOutcome(list(task), messages, run.stdout, turns, trajs)
+            outcome = AgentOutcome(list(task), messages, run.stdout, turns, trajs, cause)
             reward, terminated = await score_agent(env, outcome)
-            return reward, terminated, turns, trajs
+            return AgentPlay(reward, terminated, turns, trajs, cause, error)
         finally:
             if not closed:
                 with contextlib.suppress(Exception):
                     await self.manager.close(sid)
+
+    async def _judge(
+        self, run: AgentRun, at_deadline: list[TurnRecord], record: TurnRecord, turns: int
+    ) -> tuple[str | None, str | None]:
+        """``(cause, error)`` of a run the model cut short, ``(None, None)`` of a clean one; AgentError
+        when the infrastructure failed (the rules are the module docstring's)."""
+        cmd = shlex.join(self.argv)
+        if run.timed_out:
+            flying = bool(at_deadline and at_deadline[0].in_flight)
+            if flying and turns:
+                return "deadline", (
+                    f"agent {cmd!r} outlived the episode deadline of {self.timeout_s:g} s "
+                    f"(rollout.episode_timeout_s) while the model generated its turn {turns + 1}"
+                )
+            doing = "its first model turn" if flying else "its own work, not waiting on the model"
+            raise AgentError(
+                f"agent {cmd!r} did not exit within {self.timeout_s:g} s (rollout.episode_timeout_s) during "
+                f"{doing}; its process group was killed; stderr ends: {run.stderr[-300:]!r}"
+            )
+        if run.returncode != 0:
+            why = await self._infra_exit(run, record, turns)
+            last = _last_line(run.stderr)
+            if why is not None:
+                raise AgentError(
+                    f"agent {cmd!r} exited with status {run.returncode} ({why}); stderr ends: "
+                    f"{run.stderr[-500:]!r}"
+                )
+            return "agent_crash", f"agent {cmd!r} crashed on the model's output of turn {turns}: {last}"
+        if not turns:
+            raise AgentError(
+                f"agent {cmd!r} exited 0 without calling the model (is it using OPENAI_BASE_URL / "
+                f"ANTHROPIC_BASE_URL?); stdout ends: {run.stdout[-300:]!r}"
+            )
+        return None, None
+
+    async def _infra_exit(self, run: AgentRun, record: TurnRecord, turns: int) -> str | None:
+        """Why a non-zero exit is the infrastructure's, or ``None`` when the agent crashed on the model's output."""
+        code = run.returncode
+        if code is None or code < 0 or code > 128:
+            signum = -code if code is not None and code < 0 else (code or 128) - 128
+            return f"killed by signal {signum}"
+        if not turns:
+            return "before any model turn was answered"
+        if record.in_flight:
+            return "while its model request was still in flight"
+        if record.last_failure is not None:
+            return f"after the gateway failed its last turn: {record.last_failure}"
+        name = _last_line(run.stderr).partition(":")[0]
+        if _TRANSPORT.search(name):
+            return f"it could not reach the gateway: {name}"
+        if not await self._gateway_answers():
+            return f"the gateway at {self.gateway.url} no longer answers"
+        return None
+
+    async def _gateway_answers(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as http:
+                return (await http.get(f"{self.gateway.url}/health")).status_code == 200
+        return False
+
+
+@dataclass
+class AgentPlay:
+    """One scored agent episode (:meth:`AgentRunner.play`)."""
+
+    reward: float
+    terminated: bool
+    turns: int
+    trajectories: list[Trajectory]
+    cause: str | None = None
+    """``"deadline"`` or ``"agent_crash"`` when the model's output cut the episode short (module docstring)"""
+    error: str | None = None
+    """what happened, when ``cause`` is set"""
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of ``text`` (a Python traceback's exception), at most 300 characters."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(no stderr)"
 
 
 def turn_sampler(temperature: float, max_new_tokens: int, seed_of: Any) -> Any:

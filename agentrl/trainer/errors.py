@@ -6,7 +6,9 @@
     ├── ConfigError                (agentrl.errors) bad option / flag / TOML key, raised before heavy work
     └── TrainerError               any trainer failure below
         ├── RolloutError           a group could not be completed (infra retries exhausted)
-        ├── AgentError             an --agent program failed to play its episode (cannot start, crashed, hung)
+        ├── EpisodeDeadlineError   (TimeoutError) an episode's deadline passed while the env ran, not the model
+        ├── AgentError             an --agent program failed to play its episode for a reason the model
+        │                          cannot cause (cannot start, killed by a signal, cut off, hung in its own code)
         ├── BackendError           the training backend failed (bad batch, distributed setup, deadline)
         ├── LossInputError         (ValueError) a loss or advantage got inputs it cannot use (an RLOO group of 1)
         ├── EvalInputError         (ValueError) pass@k or an interval got inputs it cannot use (k > n samples)
@@ -26,6 +28,7 @@ __all__ = [
     "AgentError",
     "BackendError",
     "CheckpointError",
+    "EpisodeDeadlineError",
     "EvalInputError",
     "LossInputError",
     "RolloutError",
@@ -42,9 +45,17 @@ class RolloutError(TrainerError):
     """A group of episodes could not be completed (infrastructure retries exhausted)."""
 
 
+class EpisodeDeadlineError(TrainerError, TimeoutError):
+    """An episode's deadline (``rollout.episode_timeout_s``) passed while the env ran (reset or step),
+    or before the model answered a turn. Infrastructure: retried. A deadline that interrupts the
+    model's generation is the model's doing and is scored instead (:mod:`agentrl.trainer.rollout`)."""
+
+
 class AgentError(TrainerError):
-    """An ``--agent`` program failed its episode: it could not start, exited non-zero, outlived its
-    deadline or never called the model. Infrastructure: the rollout retries the episode, never scores it."""
+    """An ``--agent`` program failed its episode for a reason the model cannot cause: it could not
+    start, was killed by a signal, lost the gateway, outlived its deadline in its own code or never
+    called the model. Infrastructure: the rollout retries the episode, never scores it
+    (:mod:`agentrl.trainer.agent` says what is the model's instead)."""
 
 
 class BackendError(TrainerError):

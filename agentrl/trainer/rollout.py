@@ -13,14 +13,33 @@ and the engine behind it, all awaited on the run's one event loop::
 
 All episodes of a step run concurrently, so the engine batches them. Envs are driven through
 their async contract (``areset``/``astep``; an object with only ``reset``/``step`` runs them in
-a worker thread). A failure
-is classified, never silently scored:
+a worker thread). A failure is classified by its cause, never silently scored. The rule:
+**whatever the model's own output can cause is data: scored and counted, never retried away**;
+only faults the model cannot cause are infrastructure.
 
-- **model error** (the conversation outgrew the context): the episode keeps the reward it
-  earned so far and is trained on, marked ``status="model_error"``;
-- **infrastructure error** (env crash, engine/session failure, episode deadline): the
-  episode is retried on a fresh env with the same seed, up to ``max_infra_retries`` times;
-  if it still fails its whole group is dropped (a group is trained only when complete).
+- **model error** (``status="model_error"``, ``truncated``, :attr:`Episode.cause` names why):
+  the episode keeps the reward it earned so far and is trained on the tokens gathered so far.
+  Causes, each counted:
+
+  - ``context_full``: the conversation outgrew the context (``rollout/truncated_context``);
+  - ``deadline``: the episode deadline (``episode_timeout_s``) passed while the model was
+    generating, after at least one turn was answered (``rollout/truncated_deadline``). The
+    deadline is charged to the phase it interrupts: a model turn (the session call, its
+    tokenization and the engine's generation) is the model's, being long or slow; the env's
+    ``reset``/``step``, the session's opening and closing are not. A hung engine is caught
+    by the session's own per-turn deadline (``engine_timeout_s``), an infrastructure error;
+  - ``agent_crash``: an agent program crashed on the model's output
+    (:mod:`agentrl.trainer.agent` says how that is told apart; ``rollout/agent_crashes``).
+    Its score is the env's for the outcome (``env.score_agent``, or ``env.step`` of the last
+    reply), as for an agent's deadline.
+
+- **infrastructure error** (env crash or hang, engine/session failure, an agent killed by a
+  signal or cut off from the gateway, a deadline while the env ran or before the model
+  answered one turn, so that there are no tokens to score): the episode is retried on a
+  fresh env with the same seed, up to ``max_infra_retries`` times (``rollout/infra_retries``);
+  if it still fails its whole group is dropped (a group is trained only when complete):
+  ``rollout/groups_dropped``, ``rollout/groups_dropped_frac`` (the step's share of tasks
+  dropped) and :attr:`RolloutResult.dropped` (their task ids, written to ``tasks.jsonl``).
 
 Everything is counted in :attr:`RolloutResult.metrics`. Sampling is seeded per
 (task, episode, turn, attempt), so a rollout does not depend on batching order and a
@@ -43,7 +62,7 @@ from agentrl.engines.errors import ContextLengthError
 from agentrl.envs.core import StepResult
 from agentrl.errors import ConfigError
 from agentrl.session.backend import SessionBackend
-from agentrl.trainer.errors import RolloutError
+from agentrl.trainer.errors import EpisodeDeadlineError, RolloutError
 from agentrl.types import Message, SamplingParams, Trajectory
 
 if TYPE_CHECKING:
@@ -106,6 +125,8 @@ class Episode:
     attempts: int = 1
     completion_tokens: int = 0
     truncated: bool = False
+    cause: str | None = None
+    """why a ``model_error`` episode ended early: ``context_full``, ``deadline`` or ``agent_crash``"""
 
 
 @dataclass
@@ -115,6 +136,8 @@ class RolloutResult:
     metrics: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     """the first infrastructure error of a dropped group, if any"""
+    dropped: list[int] = field(default_factory=list)
+    """the task ids (seeds) whose groups were dropped, in the order played"""
 
     @property
     def episodes(self) -> list[Episode]:
@@ -124,6 +147,25 @@ class RolloutResult:
         # short: asyncio.run formats its main task's result (this) when it restores the SIGINT handler,
         # every step, and the full repr of every trajectory's tokens took 2 ms for 16 episodes
         return f"RolloutResult({len(self.groups)} groups, {len(self.episodes)} episodes, {len(self.errors)} errors)"
+
+
+_WIND_DOWN_S = 30.0
+"""How long past its deadline an attempt may take to close its session and env and score what it gathered."""
+
+
+@dataclass
+class _Play:
+    """One attempt's progress, updated as it plays (what a deadline finds)."""
+
+    reward: float = 0.0
+    turns: int = 0
+    completion: int = 0
+    truncated: bool = False
+    status: str = "ok"
+    error: str | None = None
+    cause: str | None = None
+    phase: str = "env"
+    """``"env"`` (reset, step) or ``"model"`` (a session turn): the phase a deadline would interrupt"""
 
 
 async def _areset(env: Any, seed: int) -> tuple[list[Message], dict[str, Any]]:
@@ -176,48 +218,77 @@ class RolloutManager:
     async def _episode_once(
         self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int
     ) -> Episode:
+        """One attempt, under the episode deadline, which is charged to the phase it interrupts
+        (module docstring): EpisodeDeadlineError when the env ran (infrastructure), a scored,
+        truncated episode when the model was generating."""
         if self.agent is not None:
             return await self._agent_episode_once(seed, group_id, index, temperature, attempt, salt)
         env = self.env_factory()
         sid = await self.sessions.create()
-        reward, turns, truncated = 0.0, 0, False
-        status, error = "ok", None
-        completion = 0
+        p = _Play()
         trajs: list[Trajectory] | None = None
         try:
-            messages, _ = await _areset(env, seed)
-            limit = turn_limit(self.max_turns, env)
-            tools = list(env.tools) or None
-            history: list[Message] = list(messages)
-            done = False
-            while not done and turns < limit:
-                sampling = SamplingParams.model_validate(
-                    {
-                        "temperature": temperature,
-                        "max_new_tokens": self.max_new_tokens,
-                        "seed": episode_seed(salt, seed, index, turns, attempt),
-                    }
+            try:
+                async with asyncio.timeout(self.episode_timeout_s) as budget:
+                    await self._play(env, sid, p, (seed, index, temperature, attempt, salt))
+            except TimeoutError as e:
+                if not budget.expired():
+                    raise
+                if p.phase != "model" or not p.turns:
+                    doing = "the env ran (reset or step)" if p.phase == "env" else "the model's first turn"
+                    raise EpisodeDeadlineError(
+                        f"episode deadline of {self.episode_timeout_s:g} s passed while {doing}, at turn {p.turns}"
+                    ) from e
+                p.status, p.truncated, p.cause = "model_error", True, "deadline"
+                p.error = (
+                    f"episode deadline of {self.episode_timeout_s:g} s passed while the model generated "
+                    f"turn {p.turns + 1}"
                 )
-                try:
-                    res = await self.sessions.chat_completion(sid, history, tools, sampling)
-                except ContextLengthError as e:  # a session's ContextFullError too: the model's error
-                    status, error, truncated = "model_error", f"context full at turn {turns}: {e}", True
-                    break
-                turns += 1
-                completion += res.completion_tokens
-                obs, r, terminated, trunc, _ = await _astep(env, res.message)
-                reward += float(r)
-                history += [res.message, *obs]
-                done = bool(terminated or trunc)
-                truncated = bool(trunc) or (not done and turns >= limit)
             trajs = await self.sessions.close(sid)
         finally:
             if trajs is None:  # the episode failed: free its session, best effort
                 with contextlib.suppress(Exception):
                     await self.sessions.close(sid)
             await _aclose(env)
-        out = _label(trajs, reward, f"{group_id}/{index}", status, error, truncated, turns)
-        return Episode(seed, group_id, reward, out, status, error, turns, attempt + 1, completion, truncated)
+        out = _label(trajs, p.reward, f"{group_id}/{index}", p.status, p.error, p.truncated, p.turns)
+        return Episode(
+            seed, group_id, p.reward, out, p.status, p.error, p.turns, attempt + 1, p.completion, p.truncated,
+            p.cause,
+        )  # fmt: skip
+
+    async def _play(self, env: Any, sid: str, p: _Play, coords: tuple[int, int, float, int, int]) -> None:
+        """The turns of one episode, recorded on ``p`` as they happen, so a deadline finds what was
+        gathered and the phase it interrupted."""
+        seed, index, temperature, attempt, salt = coords
+        p.phase = "env"
+        messages, _ = await _areset(env, seed)
+        limit = turn_limit(self.max_turns, env)
+        tools = list(env.tools) or None
+        history: list[Message] = list(messages)
+        done = False
+        while not done and p.turns < limit:
+            sampling = SamplingParams.model_validate(
+                {
+                    "temperature": temperature,
+                    "max_new_tokens": self.max_new_tokens,
+                    "seed": episode_seed(salt, seed, index, p.turns, attempt),
+                }
+            )
+            p.phase = "model"
+            try:
+                res = await self.sessions.chat_completion(sid, history, tools, sampling)
+            except ContextLengthError as e:  # a session's ContextFullError too: the model's error
+                p.status, p.error, p.truncated = "model_error", f"context full at turn {p.turns}: {e}", True
+                p.cause = "context_full"
+                return
+            p.phase = "env"
+            p.turns += 1
+            p.completion += res.completion_tokens
+            obs, r, terminated, trunc, _ = await _astep(env, res.message)
+            p.reward += float(r)
+            history += [res.message, *obs]
+            done = bool(terminated or trunc)
+            p.truncated = bool(trunc) or (not done and p.turns >= limit)
 
     async def _agent_episode_once(
         self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int
@@ -233,14 +304,17 @@ class RolloutManager:
                 temperature, self.max_new_tokens, lambda turn: episode_seed(salt, seed, index, turn, attempt)
             )
             where = f"{'eval' if salt < 0 else f'step-{salt}'}/{group_id}-{index}-a{attempt}"
-            reward, terminated, turns, trajs = await self.agent.play(env, list(task), sampling, where)
+            play = await self.agent.play(env, list(task), sampling, where)
         finally:
             await _aclose(env)
+        trajs, status = play.trajectories, "ok" if play.cause is None else "model_error"
+        truncated = play.cause is not None or not play.terminated
         completion = sum(sum(t.loss_mask) for t in trajs)
-        out = _label(trajs, reward, f"{group_id}/{index}", "ok", None, not terminated, turns)
+        out = _label(trajs, play.reward, f"{group_id}/{index}", status, play.error, truncated, play.turns)
         return Episode(
-            seed, group_id, reward, out, "ok", None, turns, attempt + 1, completion, not terminated
-        )
+            seed, group_id, play.reward, out, status, play.error, play.turns, attempt + 1, completion, truncated,
+            play.cause,
+        )  # fmt: skip
 
     async def episode(
         self, seed: int, group_id: str, index: int, temperature: float, salt: int = 0
@@ -251,14 +325,16 @@ class RolloutManager:
             try:
                 return await asyncio.wait_for(
                     self._episode_once(seed, group_id, index, temperature, attempt, salt),
-                    # an agent process has the episode's deadline itself (its group is killed there);
-                    # the margin leaves time to kill it, read its pipes and score the outcome
-                    self.episode_timeout_s + (30.0 if self.agent is not None else 0.0),
+                    # the attempt keeps the episode's deadline itself (an agent's process group is killed
+                    # there); the margin leaves time to close the session and env and score the outcome
+                    self.episode_timeout_s + _WIND_DOWN_S,
                 )
             except ConfigError:  # the run's settings do not fit the env: fail fast, not an infra failure
                 raise
-            except TimeoutError:
-                last = f"episode deadline of {self.episode_timeout_s} s passed"
+            except TimeoutError as e:  # the episode's deadline during the env's phase, or the backstop's
+                last = (
+                    str(e) or f"episode deadline of {self.episode_timeout_s:g} s (+{_WIND_DOWN_S:g} s) passed"
+                )
             except Exception as e:  # noqa: BLE001 - classified below, never crashes the other episodes
                 last = f"{type(e).__name__}: {e}"
                 if _is_bug(e):
@@ -314,21 +390,34 @@ def complete(group: Sequence[Episode]) -> bool:
     return all(e.status != "infra_error" and e.trajectories for e in group)
 
 
+_CAUSES = {
+    "context_full": "truncated_context",
+    "deadline": "truncated_deadline",
+    "agent_crash": "agent_crashes",
+}
+"""Each model-error cause and its ``rollout/`` count."""
+
+
 def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutResult:
     """The result of played groups: the complete ones kept in order, the rest counted as dropped."""
     groups: list[list[Episode]] = []
     counts: Counter[str] = Counter()
     errors: list[str] = []
+    dropped: list[int] = []
     for group in played:
         for e in group:
             counts[f"episodes_{e.status}"] += 1
             counts["infra_retries"] += e.attempts - 1
+            if e.cause in _CAUSES:
+                counts[_CAUSES[e.cause]] += 1
             if e.status == "infra_error" and e.error:
                 errors.append(e.error)
         if complete(group):
             groups.append(list(group))
         else:
             counts["groups_dropped"] += 1
+            if group:
+                dropped.append(group[0].seed)
     done = [e for g in groups for e in g]
     n = max(len(done), 1)
     metrics = {
@@ -339,13 +428,15 @@ def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutRes
         "rollout/truncated_frac": sum(e.truncated for e in done) / n,
         "rollout/groups": float(len(groups)),
         "rollout/groups_dropped": float(counts["groups_dropped"]),
+        "rollout/groups_dropped_frac": counts["groups_dropped"] / max(len(played), 1),
         "rollout/episodes_ok": float(counts["episodes_ok"]),
         "rollout/episodes_model_error": float(counts["episodes_model_error"]),
         "rollout/episodes_infra_error": float(counts["episodes_infra_error"]),
         "rollout/infra_retries": float(counts["infra_retries"]),
+        **{f"rollout/{key}": float(counts[key]) for key in _CAUSES.values()},
         "rollout/segments_per_episode": sum(len(e.trajectories) for e in done) / n,
     }
-    return RolloutResult(groups, metrics, errors[:1])
+    return RolloutResult(groups, metrics, errors[:1], dropped)
 
 
 _SUMMED = {
@@ -356,13 +447,14 @@ _SUMMED = {
     "rollout/episodes_model_error",
     "rollout/episodes_infra_error",
     "rollout/infra_retries",
+    *(f"rollout/{key}" for key in _CAUSES.values()),
 }
 
 
 def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> RolloutResult:
     """One step's result from the shares of several ranks: groups back in task order, counts
-    summed, averages weighted by episodes, wall time the slowest share's. Raises RolloutError
-    when no group of any share completed."""
+    summed, averages weighted by episodes, wall time the slowest share's, the dropped share
+    recomputed from the sums. Raises RolloutError when no group of any share completed."""
     order = {f"s{seed}": i for i, seed in enumerate(task_seeds)}
     groups = sorted((g for p in parts for g in p.groups), key=lambda g: order[g[0].group_id])
     errors = [e for p in parts for e in p.errors]
@@ -373,14 +465,17 @@ def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> 
     weights = [len(p.episodes) for p in parts]
     metrics: dict[str, float] = {}
     for key in parts[0].metrics:
-        values = [p.metrics[key] for p in parts]
+        values = [p.metrics.get(key, 0.0) for p in parts]
         if key in _SUMMED:
             metrics[key] = sum(values)
         elif key == "rollout/seconds":
             metrics[key] = max(values)
         else:
             metrics[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / max(sum(weights), 1)
-    return RolloutResult(groups, metrics, errors[:1])
+    if "rollout/groups_dropped_frac" in metrics:
+        lost = metrics.get("rollout/groups_dropped", 0.0)
+        metrics["rollout/groups_dropped_frac"] = lost / max(metrics.get("rollout/groups", 0.0) + lost, 1.0)
+    return RolloutResult(groups, metrics, errors[:1], sorted(t for p in parts for t in p.dropped))
 
 
 def _label(

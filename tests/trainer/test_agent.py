@@ -7,6 +7,7 @@ on 127.0.0.1, the embedded HF engine on the tiny model, the real rollout manager
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -18,17 +19,21 @@ import httpx
 import pytest
 from rich.console import Console
 
-from agentrl.engines import HFEngine
-from agentrl.envs import make
-from agentrl.errors import ConfigError
-from agentrl.eventloop import LoopThread
-from agentrl.models import load_tokenizer
-from agentrl.session.embedded import EmbeddedGateway, GatewayManager
-from agentrl.trainer.agent import AgentRunner, agent_argv
-from agentrl.trainer.config import resolve
-from agentrl.trainer.loop import train
-from agentrl.trainer.metrics import read_jsonl
-from agentrl.trainer.rollout import RolloutManager
+sys.path.insert(0, str(Path(__file__).parent))
+from _scripted import ScriptedEngine  # noqa: E402
+
+from agentrl.engines import HFEngine  # noqa: E402
+from agentrl.envs import make  # noqa: E402
+from agentrl.errors import ConfigError  # noqa: E402
+from agentrl.eventloop import LoopThread  # noqa: E402
+from agentrl.models import load_tokenizer  # noqa: E402
+from agentrl.session.embedded import EmbeddedGateway, GatewayManager  # noqa: E402
+from agentrl.trainer.agent import AgentRunner, agent_argv  # noqa: E402
+from agentrl.trainer.config import resolve  # noqa: E402
+from agentrl.trainer.loop import train  # noqa: E402
+from agentrl.trainer.metrics import read_jsonl  # noqa: E402
+from agentrl.trainer.rollout import RolloutManager  # noqa: E402
+from agentrl.types import Message  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAI_AGENT = [sys.executable, str(ROOT / "examples/agents/openai_agents_agent.py")]
@@ -361,3 +366,107 @@ def test_malformed_tool_calls_are_the_models_failure_scored_not_retried(replies,
     (ep,) = res.episodes
     assert ep.status == "ok" and ep.attempts == 1 and ep.reward == reward
     assert ep.trajectories and ep.trajectories[0].reward == reward
+
+
+_CALL = """
+import json, os, signal, sys, time
+import httpx
+
+def call():
+    r = httpx.post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", timeout=30,
+                   headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
+                   json={"model": "x", "messages": json.loads(os.environ["AGENTRL_TASK"])})
+    r.raise_for_status()
+    return r.json()["choices"][0]["message"]
+"""
+BROKEN = '{"expression": '  # the model's "tool call", cut off
+
+
+@contextlib.contextmanager
+def _scripted_stack(**engine_kwargs):
+    """A gateway over a ScriptedEngine whose first reply is BROKEN, on a loop of its own."""
+    tok = load_tokenizer("tiny")
+    engine = ScriptedEngine(tok, [BROKEN, "more"], **engine_kwargs)
+    loop = LoopThread("test-agent-classify")
+    sm = GatewayManager(tok, engine, model_name="tiny")
+    gateway = EmbeddedGateway(sm, loop).start()
+    try:
+        yield sm, gateway, loop
+    finally:
+        engine.release()
+        gateway.stop()
+        loop.close()
+
+
+def _classify(tmp_path, body: str, *, timeout_s: float = 30.0, **engine_kwargs):
+    argv = _script(tmp_path, "agent.py", _CALL + textwrap.dedent(body))
+    with _scripted_stack(**engine_kwargs) as stack:
+        rm, loop = _rollout(stack, argv, tmp_path, timeout_s=timeout_s, retries=1)
+        res = loop.run(rm.arun([12], 1, 1.0, allow_empty=True), timeout_s=120, what="classified agent")
+        assert stack[0].num_sessions == 0
+    return res
+
+
+def test_an_agent_that_crashes_on_the_models_output_is_scored_not_retried(tmp_path):
+    """The agent parses the model's reply and raises: the model's output caused it, so it is data."""
+    res = _classify(tmp_path, "json.loads(call()['content'])\n")
+    (ep,) = res.episodes
+    assert (ep.status, ep.cause, ep.truncated, ep.attempts, ep.turns) == (
+        "model_error",
+        "agent_crash",
+        True,
+        1,
+        1,
+    )
+    assert "crashed on the model's output of turn 1" in ep.error and "JSONDecodeError" in ep.error
+    env = make("calc-agent-v0", **ENV_KWARGS)
+    env.reset(seed=12)
+    _, expected, *_ = env.step(
+        Message(role="assistant", content=BROKEN)
+    )  # the env scores what the model said
+    assert ep.reward == expected and ep.trajectories[0].reward == expected and ep.trajectories[0].num_sampled
+    assert res.metrics["rollout/agent_crashes"] == 1 and res.metrics["rollout/episodes_model_error"] == 1
+    assert res.metrics["rollout/infra_retries"] == 0 and res.metrics["rollout/groups"] == 1
+
+
+def test_an_agent_outliving_its_deadline_while_the_model_generates_is_scored(tmp_path):
+    res = _classify(tmp_path, "call(); call()\n", timeout_s=2.0, hang_at=1)
+    (ep,) = res.episodes
+    assert (ep.status, ep.cause, ep.truncated, ep.attempts, ep.turns) == (
+        "model_error",
+        "deadline",
+        True,
+        1,
+        1,
+    )
+    assert "while the model generated its turn 2" in ep.error and ep.trajectories
+    assert res.metrics["rollout/truncated_deadline"] == 1 and res.metrics["rollout/infra_retries"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "engine_kwargs", "needle"),
+    [
+        ("call(); os.kill(os.getpid(), signal.SIGKILL)\n", {}, "killed by signal 9"),
+        (
+            "call(); httpx.get('http://127.0.0.1:9/', timeout=5)\n",
+            {},
+            "could not reach the gateway: httpx.ConnectError",
+        ),
+        (
+            "call(); call()\n",
+            {"fail_at": 1, "replay": 2},
+            "after the gateway failed its last turn: SessionEngineError",
+        ),
+        ("call(); time.sleep(60)\n", {}, "during its own work, not waiting on the model"),
+    ],
+    ids=["killed-by-signal", "server-unreachable", "engine-failed", "hung-in-its-own-code"],
+)
+def test_an_agent_the_infrastructure_failed_is_still_retried_never_scored(
+    tmp_path, body, engine_kwargs, needle
+):
+    """Each of these ended after the model answered a turn, and none of them is the model's doing."""
+    res = _classify(tmp_path, body, timeout_s=2.0, **engine_kwargs)
+    assert res.groups == [] and res.dropped == [12] and res.metrics["rollout/groups_dropped_frac"] == 1.0
+    assert res.metrics["rollout/episodes_infra_error"] == 1 and res.metrics["rollout/infra_retries"] == 1
+    assert res.metrics["rollout/agent_crashes"] == 0 and res.metrics["rollout/truncated_deadline"] == 0
+    assert needle in res.errors[0]

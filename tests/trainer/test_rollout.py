@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import sys
+from pathlib import Path
+
 import pytest
 
-from agentrl.engines.hf import HFEngine
-from agentrl.envs import make
-from agentrl.errors import ConfigError
-from agentrl.eventloop import LoopThread
-from agentrl.models import load_model, load_tokenizer
-from agentrl.session.manager import SessionManager
-from agentrl.trainer.errors import RolloutError
-from agentrl.trainer.rollout import RolloutManager, turn_limit
+sys.path.insert(0, str(Path(__file__).parent))
+from _scripted import ScriptedEngine  # noqa: E402
+
+from agentrl.engines.hf import HFEngine  # noqa: E402
+from agentrl.envs import make  # noqa: E402
+from agentrl.errors import ConfigError  # noqa: E402
+from agentrl.eventloop import LoopThread  # noqa: E402
+from agentrl.models import load_model, load_tokenizer  # noqa: E402
+from agentrl.session.manager import SessionManager  # noqa: E402
+from agentrl.trainer.errors import RolloutError  # noqa: E402
+from agentrl.trainer.rollout import Episode, RolloutManager, RolloutResult, merge_results, turn_limit  # noqa: E402
+from agentrl.types import Message  # noqa: E402
 
 MODEL = "tiny-qwen3"
 
@@ -140,3 +148,81 @@ def test_envs_are_driven_through_their_async_contract_inline_only_when_they_say_
         assert res.metrics["rollout/episodes_ok"] == 2
     assert seen[True] == {loop_thread}  # pure-computation steps run on the loop: no thread hand-off
     assert seen[False] and loop_thread not in seen[False]  # anything else runs in a worker thread
+
+
+class Chatter:
+    """A multi-turn env that never ends before its 4 turns: 0.25 per turn; ``hang_step`` hangs its steps."""
+
+    max_turns, tools = 4, []
+
+    def __init__(self, hang_step: bool = False) -> None:
+        self.hang_step = hang_step
+
+    async def areset(self, seed=None):
+        return [Message(role="user", content=f"task {seed}: talk")], {}
+
+    async def astep(self, action):
+        if self.hang_step:
+            await asyncio.Event().wait()  # the env (a sandbox, a server) never answers
+        return [Message(role="user", content="go on")], 0.25, False, False, {}
+
+
+def _scripted_sessions(**engine_kwargs) -> tuple[SessionManager, ScriptedEngine]:
+    engine = ScriptedEngine(load_tokenizer(MODEL), ["hello", "more"], **engine_kwargs)
+    return SessionManager(load_tokenizer(MODEL), engine), engine
+
+
+def test_a_deadline_while_the_model_generates_is_a_scored_truncated_episode_not_retried():
+    """The model's second turn runs past the episode deadline: its output made the episode too long.
+    That is data (scored on the first turn, reward so far, group kept), not an infrastructure retry."""
+    sessions, engine = _scripted_sessions(hang_at=1)
+    rm = RolloutManager(Chatter, sessions, max_new_tokens=8, max_infra_retries=2, episode_timeout_s=0.5)
+    res = rm.run([3], group_size=1, temperature=1.0)
+    (ep,) = res.episodes
+    assert (ep.status, ep.cause, ep.truncated, ep.attempts) == ("model_error", "deadline", True, 1)
+    assert ep.turns == 1 and ep.reward == 0.25 and "while the model generated turn 2" in ep.error
+    (t,) = ep.trajectories
+    assert len(t.turn_spans) == 1 and t.num_sampled > 0  # the tokens of the one answered turn
+    assert (t.status, t.truncated, t.reward) == ("model_error", True, 0.25)
+    assert res.metrics["rollout/truncated_deadline"] == 1 and res.metrics["rollout/episodes_model_error"] == 1
+    assert res.metrics["rollout/infra_retries"] == 0 and res.metrics["rollout/groups_dropped"] == 0
+    assert engine.calls == 2 and sessions.num_sessions == 0
+
+
+def test_a_deadline_while_the_env_steps_is_still_infrastructure_retried_and_dropped():
+    sessions, _ = _scripted_sessions()
+    rm = RolloutManager(
+        lambda: Chatter(hang_step=True),
+        sessions,
+        max_new_tokens=8,
+        max_infra_retries=1,
+        episode_timeout_s=0.3,
+    )
+    res = rm.run([4, 5], group_size=1, temperature=1.0, allow_empty=True)
+    assert res.groups == [] and res.dropped == [4, 5]
+    assert res.metrics["rollout/episodes_infra_error"] == 2 and res.metrics["rollout/infra_retries"] == 2
+    assert (
+        res.metrics["rollout/truncated_deadline"] == 0 and res.metrics["rollout/groups_dropped_frac"] == 1.0
+    )
+    assert "passed while the env ran" in res.errors[0]
+    assert sessions.num_sessions == 0
+
+
+def test_a_deadline_before_the_model_answered_a_turn_is_infrastructure():
+    """No answered turn, no tokens to score: the first turn outliving the deadline is retried."""
+    sessions, _ = _scripted_sessions(hang_at=0)
+    rm = RolloutManager(Chatter, sessions, max_new_tokens=8, max_infra_retries=1, episode_timeout_s=0.3)
+    res = rm.run([6], group_size=1, temperature=1.0, allow_empty=True)
+    assert res.groups == [] and res.metrics["rollout/infra_retries"] == 1
+    assert "while the model's first turn" in res.errors[0]
+
+
+def test_merged_shares_sum_the_causes_and_recompute_the_dropped_share():
+    share = RolloutResult([], {"rollout/groups": 3.0, "rollout/groups_dropped": 1.0, "rollout/truncated_deadline": 2.0,
+                               "rollout/groups_dropped_frac": 0.25, "rollout/seconds": 1.0}, [], [9])  # fmt: skip
+    other = RolloutResult(
+        [[Episode(2, "s2", 1.0, [], "ok")]], {**share.metrics, "rollout/groups_dropped": 0.0}, [], []
+    )
+    merged = merge_results([share, other], [2, 9])
+    assert merged.metrics["rollout/truncated_deadline"] == 4 and merged.dropped == [9]
+    assert merged.metrics["rollout/groups_dropped_frac"] == 1 / 7
