@@ -56,13 +56,15 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log({f"{kind}/{k}": v for k, v in clean.items()}, step=step)
 
-    def tasks(self, step: int, task_ids: list[int]) -> None:
-        """Record the task ids a train step trained on (``tasks.jsonl``; a resumed run appends).
+    def tasks(self, step: int, task_ids: list[int], dropped: list[int] | None = None) -> None:
+        """Record the task ids a train step trained on, and those whose group it dropped after
+        infrastructure retries ran out (``tasks.jsonl``: ``{"step", "tasks", "dropped"}``; a resumed
+        run appends).
 
         Read it with :func:`read_jsonl`; where a resumed run repeated a step, its last row counts.
         """
         with (self.dir / "tasks.jsonl").open("a") as f:
-            f.write(json.dumps({"step": step, "tasks": task_ids}) + "\n")
+            f.write(json.dumps({"step": step, "tasks": task_ids, "dropped": list(dropped or [])}) + "\n")
 
     def close(self) -> None:
         self._f.close()

@@ -283,3 +283,28 @@ def test_a_bad_env_reference_fails_before_any_model_loads(cmd, env, needle, tmp_
     rc, _, err = _cli(capsys, cmd, "--env", env, "--run-dir", str(tmp_path / "r"))
     assert rc == 1 and needle in err and "Traceback" not in err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_dropped_group_is_counted_and_its_task_id_written_to_tasks_jsonl(tmp_path):
+    """Task 1's env dies on every attempt: its group is dropped, the step trains on task 0, and the
+    run says which task dropped (``tasks.jsonl``) and what share of the step it was."""
+    (tmp_path / "breaks_env.py").write_text(
+        "from environments.countdown.env import CountdownEnv\n\n\n"
+        "class BreaksOnOne(CountdownEnv):\n"
+        "    def reset(self, seed=None, options=None):\n"
+        "        self.broken = seed == 1\n"
+        "        return super().reset(seed=seed, options=options)\n\n"
+        "    def step(self, action):\n"
+        "        if self.broken:\n"
+        "            raise RuntimeError('env process died')\n"
+        "        return super().step(action)\n"
+    )
+    env = f"{tmp_path / 'breaks_env.py'}:BreaksOnOne"
+    cfg = resolve(
+        **{**FAST, "sft_steps": 0, "eval_episodes": 1}, env=env, steps=1, run_dir=str(tmp_path / "run")
+    )
+    train(cfg, console=_quiet())
+    (row,) = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert row["rollout/groups_dropped"] == 1 and row["rollout/groups_dropped_frac"] == 0.5
+    assert read_jsonl(tmp_path / "run" / "tasks.jsonl") == [{"step": 1, "tasks": [0], "dropped": [1]}]

@@ -137,7 +137,8 @@ def test_dropped_groups_are_counted_and_the_batch_still_fills(loop):
     try:
         res, _ = svc.take(0)
         assert [int(g[0].group_id[1:]) for g in res.groups] == [0, 3, 4, 5]
-        assert res.metrics["rollout/groups_dropped"] == 2
+        assert res.metrics["rollout/groups_dropped"] == 2 and res.dropped == [1, 2]
+        assert res.metrics["rollout/groups_dropped_frac"] == 2 / 6  # of the tasks this batch accounts for
     finally:
         svc.close()
 
