@@ -34,7 +34,8 @@ flight, the last turn failed on our side):
   is killed by a signal (a negative status, or 129..255 as a shell reports one), exits non-zero
   before any answered turn, while its request is in flight, after the gateway failed its last
   turn, on a connection or timeout error, or when the gateway no longer answers; outlives its
-  deadline while not waiting on the model (its own tools hung); or never calls the model.
+  deadline while not waiting on the model (its own tools hung); never calls the model; or exits
+  0 right after the gateway failed its last turn (it caught our error and gave up).
   The rollout retries the episode on a fresh env and session, up to ``max_infra_retries``, and
   counts it; it is never scored 0.
 - whatever the model said (a malformed tool call, no answer, a wrong one) when the agent exits
@@ -333,6 +334,10 @@ class AgentRunner:
             raise AgentError(
                 f"agent {cmd!r} exited 0 without calling the model (is it using OPENAI_BASE_URL / "
                 f"ANTHROPIC_BASE_URL?); stdout ends: {run.stdout[-300:]!r}"
+            )
+        if record.last_failure is not None:  # it caught our failure and gave up: not the model's outcome
+            raise AgentError(
+                f"agent {cmd!r} exited 0 after the gateway failed its last turn: {record.last_failure}"
             )
         return None, None
 

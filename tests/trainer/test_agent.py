@@ -458,8 +458,19 @@ def test_an_agent_outliving_its_deadline_while_the_model_generates_is_scored(tmp
             "after the gateway failed its last turn: SessionEngineError",
         ),
         ("call(); time.sleep(60)\n", {}, "during its own work, not waiting on the model"),
+        (
+            "call()\ntry:\n    call()\nexcept httpx.HTTPStatusError:\n    print('the model failed me')\n",
+            {"fail_at": 1, "replay": 2},
+            "exited 0 after the gateway failed its last turn: SessionEngineError",
+        ),
     ],
-    ids=["killed-by-signal", "server-unreachable", "engine-failed", "hung-in-its-own-code"],
+    ids=[
+        "killed-by-signal",
+        "server-unreachable",
+        "engine-failed",
+        "hung-in-its-own-code",
+        "engine-failed-exit-0",
+    ],
 )
 def test_an_agent_the_infrastructure_failed_is_still_retried_never_scored(
     tmp_path, body, engine_kwargs, needle
