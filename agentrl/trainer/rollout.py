@@ -26,8 +26,8 @@ only faults the model cannot cause are infrastructure.
     generating, after at least one turn was answered (``rollout/truncated_deadline``). The
     deadline is charged to the phase it interrupts: a model turn (the session call, its
     tokenization and the engine's generation) is the model's, being long or slow; the env's
-    ``reset``/``step``, the session's opening and closing are not. A hung engine is caught
-    by the session's own per-turn deadline (``engine_timeout_s``), an infrastructure error;
+    ``reset``/``step`` is not (the session opens and closes outside the deadline). A hung
+    engine is caught by the session's own per-turn deadline, an infrastructure error;
   - ``agent_crash``: an agent program crashed on the model's output
     (:mod:`agentrl.trainer.agent` says how that is told apart; ``rollout/agent_crashes``).
     Its score is the env's for the outcome (``env.score_agent``, or ``env.step`` of the last
@@ -240,10 +240,7 @@ class RolloutManager:
                         f"episode deadline of {self.episode_timeout_s:g} s passed while {doing}, at turn {p.turns}"
                     ) from e
                 p.status, p.truncated, p.cause = "model_error", True, "deadline"
-                p.error = (
-                    f"episode deadline of {self.episode_timeout_s:g} s passed while the model generated "
-                    f"turn {p.turns + 1}"
-                )
+                p.error = f"episode deadline of {self.episode_timeout_s:g} s passed while the model generated turn {p.turns + 1}"
             trajs = await self.sessions.close(sid)
         finally:
             if trajs is None:  # the episode failed: free its session, best effort
@@ -416,8 +413,7 @@ def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutRes
             groups.append(list(group))
         else:
             counts["groups_dropped"] += 1
-            if group:
-                dropped.append(group[0].seed)
+            dropped += [group[0].seed] if group else []
     done = [e for g in groups for e in g]
     n = max(len(done), 1)
     metrics = {
