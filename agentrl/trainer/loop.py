@@ -147,9 +147,7 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
                     **_replica_metrics(run.rt.engine, run.rt.ranks),
                     **_env_server_metrics(run.rt.server, run.rt.ranks),
                 }
-                _log_eval_checkpoint(
-                    run, step + 1, row, task, [int(g[0].group_id[1:]) for g in res.groups], res.dropped
-                )
+                _log_eval_checkpoint(run, step + 1, row, task, res)
             _eval_end(run)
         summary = _finish(run)
         finished = True
@@ -420,16 +418,14 @@ def _rollouts(run: _Run, start: int) -> Any:
     return now
 
 
-def _log_eval_checkpoint(
-    run: _Run, done: int, row: dict[str, float], task: Any, task_ids: list[int], dropped: list[int]
-) -> None:
+def _log_eval_checkpoint(run: _Run, done: int, row: dict[str, float], task: Any, res: RolloutResult) -> None:
     """After ``done`` steps: eval every ``eval_every``, the metrics row, trained and dropped tasks, progress, checkpoint."""
     cfg = run.cfg
     if cfg.rollout.eval_every and done % cfg.rollout.eval_every == 0 and done < cfg.run.steps:
         run.last_eval = evaluate(run.rt, sampled=False, what=f"the eval after step {done}")
         run.log.log("eval", done, run.last_eval)
     run.log.log("train", done, row)
-    run.log.tasks(done, task_ids, dropped)
+    run.log.tasks(done, [int(g[0].group_id[1:]) for g in res.groups], res.dropped)
     run.summary.history.append(row)
     ev = f" eval {run.last_eval['eval/reward']:.2f}" if run.last_eval else ""
     waited = f" (waited {row['time/rollout_wait']:.1f}s)" if run.service else ""
