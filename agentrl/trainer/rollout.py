@@ -27,7 +27,10 @@ only faults the model cannot cause are infrastructure.
     deadline is charged to the phase it interrupts: a model turn (the session call, its
     tokenization and the engine's generation) is the model's, being long or slow; the env's
     ``reset``/``step`` is not (the session opens and closes outside the deadline). A hung
-    engine is caught by the session's own per-turn deadline, an infrastructure error;
+    engine is an infrastructure error only where the session's per-turn deadline
+    (``engine_timeout_s``, 600 s by default) fires first; a hang past the first answered turn
+    under a shorter episode deadline reads as ``deadline`` (every episode of the step then
+    truncates: watch the count);
   - ``agent_crash``: an agent program crashed on the model's output
     (:mod:`agentrl.trainer.agent` says how that is told apart; ``rollout/agent_crashes``).
     Its score is the env's for the outcome (``env.score_agent``, or ``env.step`` of the last
