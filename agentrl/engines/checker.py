@@ -16,6 +16,10 @@ check, what was seen and the fix). Every phase runs through
 ``logprobs``     with ``reference`` (a model with the engine's weights): logprobs equal a
                  teacher-forced forward under the same filters (plain, top-k, top-p, greedy)
                  within ``logprob_atol``
+``sampling``     with ``reference``: the frequencies of seeded draws follow the reference's
+                 distribution (first token) and its conditional one (second token given the
+                 first), chi-square tests at ``sampling_alpha`` (see
+                 :mod:`agentrl.engines.sampling_check`); the statistics land in the report
 ``versions``     per supported path (state dict, checkpoint): an update bumps the version by one,
                  an explicit version is taken, a rejected update raises ``WeightUpdateError``
                  and keeps the version, and later tokens carry the new version; an unknown
@@ -34,7 +38,7 @@ import functools
 import math
 import os
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,21 +55,28 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.protocol import Engine, EngineCapabilities, Generation, run_sync
+from agentrl.engines.sampling_check import DEFAULT_SETTINGS, ChiSquare, sampling_tests
 from agentrl.types import SamplingParams
 
-__all__ = ["EngineCheckReport", "check_engine"]
+__all__ = ["EngineCheckReport", "check_engine", "check_sampling"]
 
 T = TypeVar("T")
+_WHAT = {"first": "first-token frequencies", "second|first": "second-token frequencies given the first"}
 _PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+_SAMPLING_SEED = 1_000_000
+_SAMPLING_BATCH = 128
+"""Requests in flight at once, and in each ``timeout_s`` deadline, during the sampling check."""
 
 
 @dataclass
 class EngineCheckReport:
-    """Which checks passed and which were skipped (with the reason)."""
+    """Which checks passed and which were skipped (with the reason), and the sampling tests' statistics."""
 
     engine: str
     passed: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    sampling: dict[str, ChiSquare] = field(default_factory=dict)
+    """``"sampling[T=0.7] first"`` / ``"... second|first"`` -> its chi-square test (statistic, dof, p-value)."""
 
 
 def _sp(**kw: Any) -> SamplingParams:
@@ -203,10 +214,42 @@ class _Checker:
             batch = SamplingBatch.build([params.temperature] * n, [params.top_p] * n, [params.top_k] * n)
             ref = filtered_logprobs(logits, batch).gather(-1, torch.tensor(g.output_ids)[:, None]).squeeze(-1)
             diff = float((torch.tensor(g.logprobs) - ref).abs().max())
-            if diff > atol:
+            if not diff <= atol:  # a NaN (a reported -inf against -inf) fails too
                 raise self.fail(check, f"sampling {kw}: logprobs differ from a teacher-forced forward by {diff:.2e} "
                                        f"(> {atol}); report the log-probability under the distribution sampled from")  # fmt: skip
         self.report.passed.append(check)
+
+    def sampling(
+        self, reference: torch.nn.Module, settings: Sequence[Mapping[str, Any]], draws: int, alpha: float
+    ) -> None:
+        for kw in settings:
+            params = _sp(**kw)
+            check = (
+                "sampling[" + ",".join(f"{'T' if k == 'temperature' else k}={v}" for k, v in kw.items()) + "]"
+            )
+            if params.temperature <= 0:
+                raise self.fail(check, "greedy sampling has no frequencies to test; give a temperature > 0")
+
+            def run(make: Callable[[], Awaitable[list[Generation]]], c: str = check) -> list[Generation]:
+                return self.run(c, "a batch of seeded 2-token draws", make)
+
+            tests, problem = sampling_tests(
+                self.engine, reference, _PROMPT, params, vocab_size=self.vocab, draws=draws,
+                seed=_SAMPLING_SEED, concurrency=_SAMPLING_BATCH, max_groups=8, run=run,
+            )  # fmt: skip
+            if problem is not None:
+                raise self.fail(check, problem)
+            for test, result in tests.items():
+                if result is None:
+                    self.report.skipped[f"{check} {test}"] = f"{draws} draws too few for two categories"
+                    continue
+                self.report.sampling[f"{check} {test}"] = result
+                if result.p_value < alpha:
+                    raise self.fail(f"{check} {test}", f"{result} < {alpha}: the {_WHAT[test]} of seeded draws "
+                                    "do not follow the reference's distribution; the sampler draws from another "
+                                    "distribution than it reports (temperature, top-k/top-p, or random numbers "
+                                    "reused across steps)")  # fmt: skip
+            self.report.passed.append(check)
 
     def versions(self, reference: torch.nn.Module | None, checkpoint: Path | None) -> None:
         caps, eng = self.engine.capabilities, self.engine
@@ -304,6 +347,9 @@ def check_engine(
     reference: torch.nn.Module | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     logprob_atol: float = 1e-4,
+    sampling_draws: int = 2000,
+    sampling_alpha: float = 1e-3,
+    sampling_settings: Sequence[Mapping[str, Any]] = DEFAULT_SETTINGS,
     timeout_s: float = 120.0,
     name: str | None = None,
 ) -> EngineCheckReport:
@@ -314,7 +360,12 @@ def check_engine(
     ``checkpoint`` is a safetensors directory of the same weights the engine can read. Both
     updates write the same weights, so the later checks still see them. Call it from sync code
     (no running event loop); every call has the deadline ``timeout_s``.
+
+    ``sampling`` draws ``sampling_draws`` seeded two-token completions per setting of
+    ``sampling_settings`` (``SamplingParams`` fields; temperature > 0) and fails a chi-square
+    test whose p-value is below ``sampling_alpha``; ``sampling_draws=0`` skips it.
     """
+    _check_sampling_args(sampling_draws, sampling_alpha)
     c = _Checker(engine, name or type(engine).__name__, vocab_size, max_context, timeout_s)
     c.type_()
     c.generation()
@@ -323,7 +374,41 @@ def check_engine(
         c.logprobs(reference, logprob_atol)
     else:
         c.report.skipped["logprobs"] = "no reference model given"
+    if reference is not None and sampling_draws > 0:
+        c.sampling(reference, sampling_settings, sampling_draws, sampling_alpha)
+    else:
+        c.report.skipped["sampling"] = "no reference model given" if reference is None else "sampling_draws=0"
     c.versions(reference, Path(checkpoint) if checkpoint is not None else None)
     c.abort()
     c.deadline()
     return c.report
+
+
+def check_sampling(
+    engine: Engine,
+    reference: torch.nn.Module,
+    *,
+    vocab_size: int,
+    draws: int = 2000,
+    alpha: float = 1e-3,
+    settings: Sequence[Mapping[str, Any]] = DEFAULT_SETTINGS,
+    timeout_s: float = 120.0,
+    name: str | None = None,
+) -> EngineCheckReport:
+    """``check_engine``'s ``sampling`` check alone (see :mod:`agentrl.engines.sampling_check`).
+
+    For an engine known to keep the rest of the contract, e.g. to compare the samplers of
+    two engines on one model: the report's ``sampling`` holds every test's statistic, degrees
+    of freedom and p-value. Raises ``EngineCheckError`` on a p-value below ``alpha``.
+    """
+    _check_sampling_args(draws, alpha)
+    c = _Checker(engine, name or type(engine).__name__, vocab_size, 1 << 30, timeout_s)
+    c.sampling(reference, settings, draws, alpha)
+    return c.report
+
+
+def _check_sampling_args(draws: int, alpha: float) -> None:
+    if draws < 0 or not 0 < alpha < 1:
+        raise ValueError(
+            f"sampling draws={draws}, alpha={alpha}; need draws >= 0 (0 skips the check) and 0 < alpha < 1"
+        )

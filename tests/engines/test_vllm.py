@@ -22,7 +22,7 @@ import httpx
 import pytest
 import torch
 
-from agentrl.engines.checker import check_engine
+from agentrl.engines.checker import check_engine, check_sampling
 from agentrl.engines.errors import EngineUnavailableError, WeightUpdateError
 from agentrl.engines.launcher import EngineServer, find_vllm_python, launch_vllm_server
 from agentrl.engines.protocol import Generation, run_sync
@@ -87,10 +87,35 @@ def _teacher_forced(model: torch.nn.Module, prompt: list[int], g: Generation) ->
 def test_check_engine_passes_on_vllm(engine: VLLMEngine) -> None:
     ref = load_model(resolve("tiny")).float().eval()
     report = check_engine(
-        engine, vocab_size=engine.vocab_size, max_context=4096, reference=ref, checkpoint=resolve("tiny")
+        engine,
+        vocab_size=engine.vocab_size,
+        max_context=4096,
+        reference=ref,
+        checkpoint=resolve("tiny"),
+        sampling_draws=0,  # test_vllm_samples_from_the_distribution_it_reports, on a peaked model
     )
     assert set(report.passed) >= {"generation", "seed", "stop", "bad-input", "logprobs", "abort", "deadline"}
     assert "versions[checkpoint]" in report.passed
+
+
+def test_vllm_samples_from_the_distribution_it_reports(engine: VLLMEngine, tmp_path: Path) -> None:
+    """check_engine's sampling check: seeded draws at T=1 and T=0.7 follow the trainer's probabilities.
+
+    tiny's next-token distribution is nearly uniform (7.2 nats; ln 1472 = 7.3), where a wrong
+    temperature hardly moves the frequencies. Its final norm scaled by 6 scales the logits by 6:
+    5.3 nats at T=1, 3.3 at T=0.7 after the check's prompt.
+    """
+    peaked = load_model(resolve("tiny")).float().eval()
+    with torch.no_grad():
+        peaked.model.norm.weight.mul_(6.0)
+    save_weights_dir(peaked.state_dict(), tmp_path / "peaked")
+    run_sync(engine.update_weights_from_path(tmp_path / "peaked"), timeout_s=120, what="update")
+    settings = [{"temperature": 1.0}, {"temperature": 0.7}]
+    report = check_sampling(
+        engine, peaked, vocab_size=engine.vocab_size, draws=1000, settings=settings, timeout_s=300
+    )
+    assert report.passed == ["sampling[T=1.0]", "sampling[T=0.7]"]
+    assert len(report.sampling) == 4 and all(r.dof >= 5 for r in report.sampling.values()), report.sampling
 
 
 def test_tokens_after_an_update_score_under_the_new_weights(engine: VLLMEngine, tmp_path: Path) -> None:
