@@ -16,6 +16,15 @@ gives one entry per episode). :func:`gae` works per token with a critic.
 - REINFORCE++ (Hu 2025): the reward (minus the group mean for the ``baseline``
   variant) normalised by the mean and std of the whole batch.
 - GAE (Schulman et al. 2016, eq. 16): ``A_t = sum_l (gamma lam)^l delta_{t+l}``.
+
+Turn level (``--advantage-level turn``): :func:`turn_returns` gives each assistant turn its
+discounted return-to-go ``G_t = sum_{k>=t} gamma^(k-t) r_k`` over the env's per-turn rewards, and
+:func:`turn_group_advantages` baselines it against the group's statistics of the *episode*
+returns ``G_0`` (one entry per episode, as above): REINFORCE with reward-to-go (Williams 1992;
+Sutton & Barto 2018, sec. 13.3-13.4) and the group baseline of the estimator. A per-group
+constant is a valid baseline for every turn, it is defined whatever the episodes' lengths, and
+with ``gamma = 1`` turn 0's advantage is the episode-level one (and every turn's, when the only
+reward is the last turn's).
 """
 
 from __future__ import annotations
@@ -25,7 +34,16 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.trainer.errors import LossInputError
 
-__all__ = ["dr_grpo", "gae", "group_advantages", "grpo", "reinforce_pp", "rloo"]
+__all__ = [
+    "dr_grpo",
+    "gae",
+    "group_advantages",
+    "grpo",
+    "reinforce_pp",
+    "rloo",
+    "turn_group_advantages",
+    "turn_returns",
+]
 
 EPS = 1e-6
 
@@ -85,6 +103,83 @@ def group_advantages(kind: str, rewards: torch.Tensor, group_ids: torch.Tensor) 
     if kind == "reinforce_pp":
         return reinforce_pp(rewards, group_ids)
     raise ConfigError(f"unknown group advantage estimator {kind!r}; use grpo, dr_grpo, rloo or reinforce_pp")
+
+
+def turn_returns(rewards: torch.Tensor, episode: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Each turn's discounted return-to-go ``G_t = r_t + gamma G_{t+1}`` within its episode.
+
+    ``rewards`` ``(M,)``: the per-turn rewards of all episodes laid end to end, each episode's in
+    turn order; ``episode`` ``(M,)``: the episode of each turn (equal ids are contiguous).
+    """
+    r = rewards.to(torch.float64)
+    out = torch.zeros_like(r)
+    ep = episode.tolist()
+    running = 0.0
+    for k in reversed(range(len(ep))):
+        if k == len(ep) - 1 or ep[k + 1] != ep[k]:
+            running = 0.0  # the episode's last turn: nothing follows it
+        running = float(r[k]) + gamma * running
+        out[k] = running
+    return out.to(rewards.dtype)
+
+
+def _group_sum(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Per entry, the sum of ``values`` over its group."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    sums = torch.zeros(int(inv.max()) + 1 if len(inv) else 0, dtype=values.dtype).index_add_(0, inv, values)
+    return sums[inv]
+
+
+def turn_group_advantages(
+    kind: str, returns: torch.Tensor, episode: torch.Tensor, group_ids: torch.Tensor, eps: float = EPS
+) -> torch.Tensor:
+    """One advantage per turn: its return ``G_t`` against its group's baseline over episode returns.
+
+    ``returns`` ``(M,)`` from :func:`turn_returns`; ``episode`` ``(M,)`` ids ``0..N-1`` in order,
+    every episode at least one turn; ``group_ids`` ``(N,)``, one per episode. With ``b`` the group's
+    mean of the episode returns ``G_0`` and ``x = G_t - b``:
+
+    - dr_grpo: ``x``; rloo: ``G_t`` minus the mean of the *other* episodes' ``G_0``;
+    - grpo: ``x / (s + eps)``, ``s^2 = sum_episodes mean_turns(x^2) / (n - 1)``: the spread of the
+      turn returns about the baseline, each episode weighted once (its turns share a weight of 1);
+    - reinforce_pp: ``x`` normalised by its mean and std over the batch, each episode weighted once.
+
+    When every turn's return is its episode's (``gamma = 1``, reward on the last turn only), each
+    is exactly its episode-level counterpart. The scales use the turn returns, not the spread of
+    ``G_0`` alone: a group whose episodes end equal but collect rewards at different turns has
+    ``std(G_0) = 0`` and nonzero ``x``, which the episode scale would blow up by ``1 / eps``.
+    """
+    g = returns.double()
+    n_turns = torch.bincount(episode, minlength=len(group_ids))
+    if bool((n_turns == 0).any()):
+        raise LossInputError(f"every episode needs at least one turn; turns per episode: {n_turns.tolist()}")
+    first = n_turns.cumsum(0) - n_turns
+    mean, _, n = _group_stats(g[first], group_ids)  # per episode
+    x = g - mean[episode]
+    w = (1.0 / n_turns.double())[episode]  # each episode's turns weigh 1 together
+    if kind == "dr_grpo":
+        out = x
+    elif kind == "rloo":
+        if bool((n < 2).any()):
+            raise LossInputError(
+                f"RLOO needs at least 2 episodes in every group, got a group of {int(n.min())}; "
+                "raise group_size or use grpo"
+            )
+        out = g - ((n * mean - g[first]) / (n - 1))[episode]
+    elif kind == "grpo":
+        per_ep = torch.zeros(len(group_ids), dtype=torch.float64).index_add_(0, episode, w * x**2)
+        std = torch.sqrt(_group_sum(per_ep, group_ids) / (n - 1).clamp(min=1))
+        out = x / (std[episode] + eps)
+    elif kind == "reinforce_pp":
+        num = float(len(group_ids))
+        mu = (w * x).sum() / num
+        std = torch.sqrt((w * (x - mu) ** 2).sum() / max(num - 1, 1.0))
+        out = (x - mu) / (std + eps)
+    else:
+        raise ConfigError(
+            f"unknown group advantage estimator {kind!r}; use grpo, dr_grpo, rloo or reinforce_pp"
+        )
+    return out.to(returns.dtype)
 
 
 def gae(

@@ -106,6 +106,9 @@ class Episode:
     attempts: int = 1
     completion_tokens: int = 0
     truncated: bool = False
+    turn_rewards: list[float] = field(default_factory=list)
+    """the env's reward after each assistant turn, in order (``reward`` is their sum); empty where
+    only the outcome is known (an agent program's episode): turn-level credit puts it on the last turn"""
 
 
 @dataclass
@@ -184,6 +187,7 @@ class RolloutManager:
         status, error = "ok", None
         completion = 0
         trajs: list[Trajectory] | None = None
+        turn_rewards: list[float] = []
         try:
             messages, _ = await _areset(env, seed)
             limit = turn_limit(self.max_turns, env)
@@ -207,6 +211,7 @@ class RolloutManager:
                 completion += res.completion_tokens
                 obs, r, terminated, trunc, _ = await _astep(env, res.message)
                 reward += float(r)
+                turn_rewards.append(float(r))
                 history += [res.message, *obs]
                 done = bool(terminated or trunc)
                 truncated = bool(trunc) or (not done and turns >= limit)
@@ -217,7 +222,19 @@ class RolloutManager:
                     await self.sessions.close(sid)
             await _aclose(env)
         out = _label(trajs, reward, f"{group_id}/{index}", status, error, truncated, turns)
-        return Episode(seed, group_id, reward, out, status, error, turns, attempt + 1, completion, truncated)
+        return Episode(
+            seed,
+            group_id,
+            reward,
+            out,
+            status,
+            error,
+            turns,
+            attempt + 1,
+            completion,
+            truncated,
+            turn_rewards,
+        )
 
     async def _agent_episode_once(
         self, seed: int, group_id: str, index: int, temperature: float, attempt: int, salt: int

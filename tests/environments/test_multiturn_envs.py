@@ -154,3 +154,14 @@ def test_calculator_mixed_oracle_uses_the_tool_on_its_share_of_seeds_and_guesses
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="oracle_tool_rate"):
             envs.make("calculator-v0", oracle_tool_rate=bad)
+
+
+def test_guess_number_step_reward_pays_guesses_that_use_the_feedback() -> None:
+    env = envs.make("guess-number-v0", step_reward=0.1)
+    env.reset(seed=0, options={"secret": 11})
+    assert env.step(say("<guess>5</guess>")).reward == 0.1  # inside 1..16
+    assert env.step(say("<guess>3</guess>")).reward == 0.0  # already ruled out by "higher"
+    assert env.step(say("<guess>eleven</guess>")).reward == 0.0  # invalid
+    assert env.step(say("<guess>13</guess>")).reward == 0.1  # inside 6..16
+    assert env.step(say("<guess>11</guess>")).reward == 1.0
+    assert envs.make("guess-number-v0").step_reward == 0.0  # off by default  # type: ignore[attr-defined]
