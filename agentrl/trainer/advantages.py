@@ -18,13 +18,10 @@ gives one entry per episode). :func:`gae` works per token with a critic.
 - GAE (Schulman et al. 2016, eq. 16): ``A_t = sum_l (gamma lam)^l delta_{t+l}``.
 
 Turn level (``--advantage-level turn``): :func:`turn_returns` gives each assistant turn its
-discounted return-to-go ``G_t = sum_{k>=t} gamma^(k-t) r_k`` over the env's per-turn rewards, and
-:func:`turn_group_advantages` baselines it against the group's statistics of the *episode*
-returns ``G_0`` (one entry per episode, as above): REINFORCE with reward-to-go (Williams 1992;
-Sutton & Barto 2018, sec. 13.3-13.4) and the group baseline of the estimator. A per-group
-constant is a valid baseline for every turn, it is defined whatever the episodes' lengths, and
-with ``gamma = 1`` turn 0's advantage is the episode-level one (and every turn's, when the only
-reward is the last turn's).
+discounted return-to-go ``G_t = sum_{k>=t} gamma^(k-t) r_k`` over the env's per-turn rewards
+(REINFORCE with reward-to-go, Williams 1992), and :func:`turn_group_advantages` baselines it by
+turn index: against the same turn of the group's other episodes, an estimate of the value of
+being at turn ``t`` (rLLM's ``per_step`` mode, on returns and for episodes of any length).
 """
 
 from __future__ import annotations
@@ -123,63 +120,33 @@ def turn_returns(rewards: torch.Tensor, episode: torch.Tensor, gamma: float = 1.
     return out.to(rewards.dtype)
 
 
-def _group_sum(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Per entry, the sum of ``values`` over its group."""
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    sums = torch.zeros(int(inv.max()) + 1 if len(inv) else 0, dtype=values.dtype).index_add_(0, inv, values)
-    return sums[inv]
-
-
 def turn_group_advantages(
     kind: str, returns: torch.Tensor, episode: torch.Tensor, group_ids: torch.Tensor, eps: float = EPS
 ) -> torch.Tensor:
-    """One advantage per turn: its return ``G_t`` against its group's baseline over episode returns.
+    """One advantage per turn: its return ``G_t`` against the same turn of the group's other episodes.
 
-    ``returns`` ``(M,)`` from :func:`turn_returns`; ``episode`` ``(M,)`` ids ``0..N-1`` in order,
-    every episode at least one turn; ``group_ids`` ``(N,)``, one per episode. With ``b`` the group's
-    mean of the episode returns ``G_0`` and ``x = G_t - b``:
-
-    - dr_grpo: ``x``; rloo: ``G_t`` minus the mean of the *other* episodes' ``G_0``;
-    - grpo: ``x / (s + eps)``, ``s^2 = sum_episodes mean_turns(x^2) / (n - 1)``: the spread of the
-      turn returns about the baseline, each episode weighted once (its turns share a weight of 1);
-    - reinforce_pp: ``x`` normalised by its mean and std over the batch, each episode weighted once.
-
-    When every turn's return is its episode's (``gamma = 1``, reward on the last turn only), each
-    is exactly its episode-level counterpart. The scales use the turn returns, not the spread of
-    ``G_0`` alone: a group whose episodes end equal but collect rewards at different turns has
-    ``std(G_0) = 0`` and nonzero ``x``, which the episode scale would blow up by ``1 / eps``.
+    ``returns`` ``(M,)`` from :func:`turn_returns`; ``episode`` ``(M,)`` ids ``0..N-1`` in order;
+    ``group_ids`` ``(N,)``, one per episode. Turn ``t``'s entries of a group (one per episode that
+    lasted ``t + 1`` turns) form a group of the episode-level estimator: grpo, dr_grpo and rloo
+    baseline ``G_t`` by their mean (rloo: of the others), grpo scales by their std; reinforce_pp
+    subtracts that mean and normalises over all the batch's turns. A turn that no other episode
+    of its group reached has no baseline and gets 0. Each episode enters each turn's statistics
+    once. With ``gamma = 1`` and the only reward after the last turn, episodes of equal length get
+    their episode-level advantage on every turn.
     """
-    g = returns.double()
     n_turns = torch.bincount(episode, minlength=len(group_ids))
-    if bool((n_turns == 0).any()):
-        raise LossInputError(f"every episode needs at least one turn; turns per episode: {n_turns.tolist()}")
     first = n_turns.cumsum(0) - n_turns
-    mean, _, n = _group_stats(g[first], group_ids)  # per episode
-    x = g - mean[episode]
-    w = (1.0 / n_turns.double())[episode]  # each episode's turns weigh 1 together
-    if kind == "dr_grpo":
-        out = x
-    elif kind == "rloo":
-        if bool((n < 2).any()):
-            raise LossInputError(
-                f"RLOO needs at least 2 episodes in every group, got a group of {int(n.min())}; "
-                "raise group_size or use grpo"
-            )
-        out = g - ((n * mean - g[first]) / (n - 1))[episode]
-    elif kind == "grpo":
-        per_ep = torch.zeros(len(group_ids), dtype=torch.float64).index_add_(0, episode, w * x**2)
-        std = torch.sqrt(_group_sum(per_ep, group_ids) / (n - 1).clamp(min=1))
-        out = x / (std[episode] + eps)
-    elif kind == "reinforce_pp":
-        num = float(len(group_ids))
-        mu = (w * x).sum() / num
-        std = torch.sqrt((w * (x - mu) ** 2).sum() / max(num - 1, 1.0))
-        out = (x - mu) / (std + eps)
+    index = torch.arange(len(episode)) - first[episode]  # each turn's index within its episode
+    _, gid = torch.unique(group_ids, return_inverse=True)
+    key = gid[episode] * (int(n_turns.max()) + 1) + index
+    _, _, n = _group_stats(returns, key)
+    alone = n < 2
+    if kind == "rloo":
+        mean = _group_stats(returns, key)[0]
+        out = (n / (n - 1).clamp(min=1) * (returns.double() - mean)).to(returns.dtype)
     else:
-        raise ConfigError(
-            f"unknown group advantage estimator {kind!r}; use grpo, dr_grpo, rloo or reinforce_pp"
-        )
-    return out.to(returns.dtype)
+        out = group_advantages(kind, returns, key)
+    return torch.where(alone, torch.zeros_like(out), out)
 
 
 def gae(

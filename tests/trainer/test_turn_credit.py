@@ -58,12 +58,13 @@ def _cfg(kind: str, group_size: int = 2, **algo: Any) -> TrainConfig:
 
 
 # The hand-computed case: two episodes of three turns, gamma = 1/2.
-#   A: rewards [1, 0, 2] -> G = [1 + 1/2 * 1, 0 + 1/2 * 2, 2] = [1.5, 1, 2]      (episode return 1.5)
-#   B: rewards [0, 1, 0] -> G = [0 + 1/2 * 1, 1, 0]           = [0.5, 1, 0]      (episode return 0.5)
-# The group's baseline is the mean episode return, 1; B's three turns are cut into two ledger segments.
+#   A: rewards [1, 0, 2] -> G = [1 + 1/2 * 1, 0 + 1/2 * 2, 2] = [1.5, 1, 2]
+#   B: rewards [0, 1, 0] -> G = [0 + 1/2 * 1, 1, 0]           = [0.5, 1, 0]
+# Turn t's baseline is the group's turn-t returns: their mean is [1, 1, 1]. B's three turns are cut
+# into two ledger segments.
 HAND = {
     "dr_grpo": ([0.5, 0.0, 1.0], [-0.5, 0.0, -1.0]),  # G - 1
-    "rloo": ([1.0, 0.5, 1.5], [-1.0, -0.5, -1.5]),  # G minus the other episode's return
+    "rloo": ([1.0, 0.0, 2.0], [-1.0, 0.0, -2.0]),  # G minus the other episode's G at the same turn
 }
 
 
@@ -84,12 +85,11 @@ def test_turn_advantages_of_a_hand_computed_group(kind):
     assert batch.advantages[2, :7].tolist() == [0.0, b[1], b[1], 0.0, b[2], b[2], 0.0]
 
 
-def test_grpo_turn_advantages_scale_by_the_spread_of_turn_returns_about_the_baseline():
-    # x = G - 1 = [0.5, 0, 1] and [-0.5, 0, -1]; each episode's mean x^2 is 1.25 / 3, and the
-    # group's s^2 = (1.25 / 3 + 1.25 / 3) / (2 - 1) = 5 / 6
+def test_grpo_scales_each_turn_by_the_std_of_the_groups_returns_at_that_turn():
+    # turn 0: returns 1.5 and 0.5, std sqrt(1/2); turn 1: 1 and 1 (advantage 0); turn 2: 2 and 0, std sqrt(2)
     trajs, adv, _ = advantages(_cfg("grpo", advantage_level="turn", turn_gamma=0.5), [_hand_group()])
-    s = math.sqrt(5 / 6) + A.EPS
-    want = [[0.5 / s, 0.0, 1.0 / s], [-0.5 / s], [0.0, -1.0 / s]]
+    s0, s2 = 0.5 / (math.sqrt(0.5) + A.EPS), 1.0 / (math.sqrt(2) + A.EPS)
+    want = [[s0, 0.0, s2], [-s0], [0.0, -s2]]
     assert len(adv) == 3
     for got, ref in zip(adv, want, strict=True):
         assert got == pytest.approx(ref, rel=1e-6)
@@ -102,13 +102,17 @@ def test_turn_returns_discount_within_each_episode_only():
     assert A.turn_returns(r, episode, 1.0).tolist() == [3.0, 2.0, 2.0, 1.0, 1.0, 0.0]
 
 
-@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "rloo"])
 def test_outcome_only_rewards_at_gamma_one_give_the_episode_advantage_on_every_turn(kind):
-    # the reward only after the last turn: every turn's return is the episode's, so turn level is
-    # episode level (episodes of different lengths, one cut into two segments, two groups)
+    # the reward only after the last turn, episodes of a group equally long: every turn's return is
+    # the episode's, so turn level is episode level (one episode cut into two segments, two groups)
     groups = [
-        [_episode([0.0, 0.0, 1.0], [[2, 3], [1]]), _episode([0.0], [[4]]), _episode([0.0, 0.5], [[1, 1]])],
-        [_episode([2.0], [[2]]), _episode([0.0, 0.0], [[3, 3]]), _episode([0.0, 1.0], [[2, 2]])],
+        [
+            _episode([0.0, 0.0, 1.0], [[2, 3], [1]]),
+            _episode([0.0, 0.0, 0.0], [[4, 1, 1]]),
+            _episode([0.0, 0.0, 0.5], [[1, 1, 2]]),
+        ],
+        [_episode([2.0], [[2]]), _episode([0.0], [[3]]), _episode([1.0], [[2]])],
     ]
     _, turn, _ = advantages(_cfg(kind, 3, advantage_level="turn"), groups)
     _, episode, _ = advantages(_cfg(kind, 3), groups)
@@ -117,12 +121,17 @@ def test_outcome_only_rewards_at_gamma_one_give_the_episode_advantage_on_every_t
         assert row == pytest.approx([value] * len(row), rel=1e-6, abs=1e-6)
 
 
-def test_equal_episode_returns_with_rewards_at_different_turns_stay_bounded():
-    # both episodes return 1, one early and one late: std(G_0) = 0, so scaling by the spread of the
-    # episode returns would give -1/eps. G - 1 is [0, -1] and [0, 0]; s^2 = (1/2 + 0) / 1
-    group = [_episode([1.0, 0.0], [[2, 2]]), _episode([0.0, 1.0], [[2, 2]])]
-    _, adv, _ = advantages(_cfg("grpo", advantage_level="turn"), [group])
-    assert adv == [pytest.approx([0.0, -math.sqrt(2)], rel=1e-5), [0.0, 0.0]]
+def test_episodes_of_different_lengths_compare_each_turn_with_the_episodes_that_reached_it():
+    # gamma 1. A: [0.1, 1] (solved at turn 1), B: [1] (solved at once), C: [0.1, 0.1, 0] (never).
+    # G: A [1.1, 1], B [1], C [0.2, 0.1, 0]. Turn 0: mean 2.3 / 3; turn 1: A and C, mean 0.55;
+    # turn 2: C alone, no baseline, 0. A's winning turn is credited against C's turn 1
+    group = [_episode([0.1, 1.0], [[2, 2]]), _episode([1.0], [[2]]), _episode([0.1, 0.1, 0.0], [[2], [2, 2]])]
+    _, adv, _ = advantages(_cfg("dr_grpo", 3, advantage_level="turn"), [group])
+    b0 = 2.3 / 3
+    want = [[1.1 - b0, 0.45], [1.0 - b0], [0.2 - b0], [-0.45, 0.0]]
+    assert len(adv) == 4
+    for got, ref in zip(adv, want, strict=True):
+        assert got == pytest.approx(ref, abs=1e-6)
 
 
 def test_episode_level_ignores_the_per_turn_rewards_bit_for_bit():
@@ -257,7 +266,7 @@ def test_rollout_keeps_the_reward_of_every_turn():
     for ep in group:
         assert ep.turn_rewards == [0.5, 0.0, 2.0] and ep.reward == 2.5
         assert sum(len(t.turn_spans) for t in ep.trajectories) == 3  # one span per rewarded turn
-    # turn level trains on them: at gamma 1/2 both episodes' returns are G = [1, 1, 2] and the group's
-    # baseline is their mean episode return, 1 (a constant: the last turn's larger return-to-go shows)
+    # turn level trains on them: both episodes' returns are G = [1, 1, 2] at gamma 1/2, the same at
+    # every turn, so no turn has an advantage (a baseline over episode returns, 1, gave the last +1)
     _, adv, _ = advantages(_cfg("dr_grpo", advantage_level="turn", turn_gamma=0.5), [group])
-    assert adv == [[0.0, 0.0, 1.0]] * 2
+    assert adv == [[0.0, 0.0, 0.0]] * 2
