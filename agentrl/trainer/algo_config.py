@@ -74,7 +74,7 @@ class AlgoConfig:
     is_high: float | None = None
     """mis/icepop: tokens (sequences) with a ratio above this leave the loss; unset = 2.0 for mis, 5.0 for icepop"""
     advantage_level: AdvantageLevel = "episode"
-    """episode: the env's per-turn rewards summed, one advantage for every token of the episode | turn: each assistant turn's tokens get their own (group estimators: the turn's discounted return-to-go against the group's baseline; PPO: each turn's reward on its last token)"""
+    """episode: the env's per-turn rewards summed, one advantage for every token of the episode | turn: each assistant turn's tokens get their own (group estimators: the turn's discounted return-to-go against the same turn of the group's other episodes; PPO: each turn's reward on its last token)"""
     turn_gamma: float = 1.0
     """--advantage-level turn with a group estimator: discount across assistant turns, G_t = sum_k>=t turn_gamma^(k-t) r_k"""
 

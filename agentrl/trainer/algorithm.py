@@ -15,8 +15,8 @@
    reward on the last sampled token and runs GAE over the value head (:func:`train_step`). Every rank
    computes the same advantages over the whole step, then trains its own rows. With
    ``advantage_level="turn"`` (:func:`turn_values`) each assistant turn gets its own: its discounted
-   return-to-go against the group's baseline, over that turn's tokens; PPO puts each turn's reward
-   on the turn's last sampled token.
+   return-to-go against the same turn of the group's other episodes, over that turn's tokens; PPO
+   puts each turn's reward on the turn's last sampled token.
 4. **Per-token terms** (:class:`RLObjective`): the clipped policy surrogate (decoupled PPO's against the
    proximal policy, with its behaviour weight), the entropy bonus, the KL penalty to the reference
    model, PPO's clipped value loss.
