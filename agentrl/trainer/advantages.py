@@ -16,6 +16,12 @@ gives one entry per episode). :func:`gae` works per token with a critic.
 - REINFORCE++ (Hu 2025): the reward (minus the group mean for the ``baseline``
   variant) normalised by the mean and std of the whole batch.
 - GAE (Schulman et al. 2016, eq. 16): ``A_t = sum_l (gamma lam)^l delta_{t+l}``.
+
+Turn level (``--advantage-level turn``): :func:`turn_returns` gives each assistant turn its
+discounted return-to-go ``G_t = sum_{k>=t} gamma^(k-t) r_k`` over the env's per-turn rewards
+(REINFORCE with reward-to-go, Williams 1992), and :func:`turn_group_advantages` baselines it by
+turn index: against the same turn of the group's other episodes, an estimate of the value of
+being at turn ``t`` (rLLM's ``per_step`` mode, on returns and for episodes of any length).
 """
 
 from __future__ import annotations
@@ -25,7 +31,16 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.trainer.errors import LossInputError
 
-__all__ = ["dr_grpo", "gae", "group_advantages", "grpo", "reinforce_pp", "rloo"]
+__all__ = [
+    "dr_grpo",
+    "gae",
+    "group_advantages",
+    "grpo",
+    "reinforce_pp",
+    "rloo",
+    "turn_group_advantages",
+    "turn_returns",
+]
 
 EPS = 1e-6
 
@@ -85,6 +100,53 @@ def group_advantages(kind: str, rewards: torch.Tensor, group_ids: torch.Tensor) 
     if kind == "reinforce_pp":
         return reinforce_pp(rewards, group_ids)
     raise ConfigError(f"unknown group advantage estimator {kind!r}; use grpo, dr_grpo, rloo or reinforce_pp")
+
+
+def turn_returns(rewards: torch.Tensor, episode: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Each turn's discounted return-to-go ``G_t = r_t + gamma G_{t+1}`` within its episode.
+
+    ``rewards`` ``(M,)``: the per-turn rewards of all episodes laid end to end, each episode's in
+    turn order; ``episode`` ``(M,)``: the episode of each turn (equal ids are contiguous).
+    """
+    r = rewards.to(torch.float64)
+    out = torch.zeros_like(r)
+    ep = episode.tolist()
+    running = 0.0
+    for k in reversed(range(len(ep))):
+        if k == len(ep) - 1 or ep[k + 1] != ep[k]:
+            running = 0.0  # the episode's last turn: nothing follows it
+        running = float(r[k]) + gamma * running
+        out[k] = running
+    return out.to(rewards.dtype)
+
+
+def turn_group_advantages(
+    kind: str, returns: torch.Tensor, episode: torch.Tensor, group_ids: torch.Tensor, eps: float = EPS
+) -> torch.Tensor:
+    """One advantage per turn: its return ``G_t`` against the same turn of the group's other episodes.
+
+    ``returns`` ``(M,)`` from :func:`turn_returns`; ``episode`` ``(M,)`` ids ``0..N-1`` in order;
+    ``group_ids`` ``(N,)``, one per episode. Turn ``t``'s entries of a group (one per episode that
+    lasted ``t + 1`` turns) form a group of the episode-level estimator: grpo, dr_grpo and rloo
+    baseline ``G_t`` by their mean (rloo: of the others), grpo scales by their std; reinforce_pp
+    subtracts that mean and normalises over all the batch's turns. A turn that no other episode
+    of its group reached has no baseline and gets 0. Each episode enters each turn's statistics
+    once. With ``gamma = 1`` and the only reward after the last turn, episodes of equal length get
+    their episode-level advantage on every turn.
+    """
+    n_turns = torch.bincount(episode, minlength=len(group_ids))
+    first = n_turns.cumsum(0) - n_turns
+    index = torch.arange(len(episode)) - first[episode]  # each turn's index within its episode
+    _, gid = torch.unique(group_ids, return_inverse=True)
+    key = gid[episode] * (int(n_turns.max()) + 1) + index
+    _, _, n = _group_stats(returns, key)
+    alone = n < 2
+    if kind == "rloo":
+        mean = _group_stats(returns, key)[0]
+        out = (n / (n - 1).clamp(min=1) * (returns.double() - mean)).to(returns.dtype)
+    else:
+        out = group_advantages(kind, returns, key)
+    return torch.where(alone, torch.zeros_like(out), out)
 
 
 def gae(

@@ -16,6 +16,7 @@ AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 KLEstimator = Literal["k1", "k2", "k3", "k3+"]
 RolloutCorrection = Literal["none", "tis", "mis", "icepop"]
 CorrectionLevel = Literal["token", "sequence"]
+AdvantageLevel = Literal["episode", "turn"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,10 @@ class AlgoConfig:
     """mis/icepop: tokens (sequences) with a ratio below this leave the loss; unset = 0.5"""
     is_high: float | None = None
     """mis/icepop: tokens (sequences) with a ratio above this leave the loss; unset = 2.0 for mis, 5.0 for icepop"""
+    advantage_level: AdvantageLevel = "episode"
+    """episode: the env's per-turn rewards summed, one advantage for every token of the episode | turn: each assistant turn's tokens get their own (group estimators: the turn's discounted return-to-go against the same turn of the group's other episodes; PPO: each turn's reward on its last token)"""
+    turn_gamma: float = 1.0
+    """--advantage-level turn with a group estimator: discount across assistant turns, G_t = sum_k>=t turn_gamma^(k-t) r_k"""
 
     def __post_init__(self) -> None:
         low, high = self.clip
@@ -104,6 +109,26 @@ class AlgoConfig:
         if self.algo == "ppo" and self.advantage not in ("auto", "gae"):
             _fail("algo", "advantage", self.advantage, "PPO uses GAE; use --algo grpo for group baselines")
         self._check_correction()
+        self._check_turn_credit()
+
+    def _check_turn_credit(self) -> None:
+        """``turn_gamma`` applies only where it is read: turn-level credit with a group estimator."""
+        if not 0 <= self.turn_gamma <= 1:
+            _fail("algo", "turn_gamma", self.turn_gamma, "must lie in [0, 1]")
+        if self.turn_gamma != 1 and self.advantage_level != "turn":
+            _fail(
+                "algo",
+                "turn_gamma",
+                self.turn_gamma,
+                "discounts per-turn returns, which only --advantage-level turn computes; add it or drop --turn-gamma",
+            )
+        if self.turn_gamma != 1 and self.advantage_kind == "gae":
+            _fail(
+                "algo",
+                "turn_gamma",
+                self.turn_gamma,
+                "PPO discounts per token with --gamma (GAE); leave --turn-gamma at 1 with --algo ppo",
+            )
 
     def _check_correction(self) -> None:
         """The off-policy correction's options agree with each other (see agentrl.trainer.offpolicy)."""

@@ -13,7 +13,10 @@
 3. **Advantages**: a group estimator (GRPO, Dr.GRPO, RLOO, REINFORCE++; :mod:`agentrl.trainer.advantages`)
    gives one scalar per episode, broadcast to all its trajectories and over their sampled tokens; PPO instead puts the shaped
    reward on the last sampled token and runs GAE over the value head (:func:`train_step`). Every rank
-   computes the same advantages over the whole step, then trains its own rows.
+   computes the same advantages over the whole step, then trains its own rows. With
+   ``advantage_level="turn"`` (:func:`turn_values`) each assistant turn gets its own: its discounted
+   return-to-go against the same turn of the group's other episodes, over that turn's tokens; PPO
+   puts each turn's reward on the turn's last sampled token.
 4. **Per-token terms** (:class:`RLObjective`): the clipped policy surrogate (decoupled PPO's against the
    proximal policy, with its behaviour weight), the entropy bonus, the KL penalty to the reference
    model, PPO's clipped value loss.
@@ -46,19 +49,22 @@ from agentrl.trainer import advantages as A
 from agentrl.trainer import losses as L
 from agentrl.trainer import offpolicy as O
 from agentrl.trainer.backend import FSDP2Backend
-from agentrl.trainer.batch import TrainBatch, from_trajectories, trained_tokens
+from agentrl.trainer.batch import TrainBatch, from_trajectories, trained_tokens, turn_end_rewards
 from agentrl.trainer.config import AlgoConfig, OptimConfig, TrainConfig
 from agentrl.trainer.errors import BackendError
 from agentrl.trainer.runtime import Runtime
 
-__all__ = ["RLObjective", "advantages", "make_backend", "train_step"]
+__all__ = ["RLObjective", "advantages", "make_backend", "train_step", "turn_values"]
 
 
 # ---------------------------------------------------------------- 1-3: rewards, shaping, advantages
 
 
-def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], torch.Tensor, dict[str, float]]:
-    """The step's trajectories and one scalar each: its episode's group advantage, or (GAE) its shaped reward.
+def advantages(
+    cfg: TrainConfig, groups: list[list[Any]]
+) -> tuple[list[Any], torch.Tensor | list[list[float]], dict[str, float]]:
+    """The step's trajectories and one scalar each: its episode's group advantage, or (GAE) its shaped reward;
+    at turn level one value per turn span of each (:func:`turn_values`).
 
     Every statistic is over *episodes*, one reward each, never over rows: an episode whose session
     was cut into k ledger segments is k trajectories, and counting it k times would make the
@@ -87,11 +93,84 @@ def advantages(cfg: TrainConfig, groups: list[list[Any]]) -> tuple[list[Any], to
         rew, gid = rew[keep], gid[keep]
     trajs = [t for ep in episodes for t in ep.trajectories]
     segments = torch.tensor([len(ep.trajectories) for ep in episodes], dtype=torch.long)
+    if a.advantage_level == "turn":
+        per_turn, zero_frac = turn_values(cfg, episodes, gid)
+        if a.advantage_kind != "gae":
+            info["algo/zero_adv_frac"] = zero_frac
+        return trajs, per_turn, info
     if a.advantage_kind == "gae":
         return trajs, rew.repeat_interleave(segments), info
     adv = A.group_advantages(a.advantage_kind, rew, gid).repeat_interleave(segments)
     info["algo/zero_adv_frac"] = float((adv.abs() < 1e-8).float().mean())
     return trajs, adv, info
+
+
+def turn_values(cfg: TrainConfig, episodes: list[Any], gid: torch.Tensor) -> tuple[list[list[float]], float]:
+    """Turn-level credit: per trajectory, one value per turn span; and the share of turns at 0.
+
+    An episode's turns are its trajectories' spans in order, one per assistant turn, each with the
+    env's reward after it (:func:`_turn_rewards`); DAPO's overlong penalty goes on the longest turn.
+    A group estimator's value is the turn's advantage (:func:`~agentrl.trainer.advantages.turn_group_advantages`
+    over :func:`~agentrl.trainer.advantages.turn_returns` with ``turn_gamma``). GAE's is the turn's
+    reward, placed on its last sampled token by :func:`_gae_batch`; a segment's last turn also carries
+    the rewards of the episode's later segments, so every segment's critic sees what is still to
+    come, as at episode level, where each segment carries the whole reward.
+    """
+    a, r = cfg.algo, cfg.rollout
+    rewards = [_turn_rewards(ep) for ep in episodes]
+    if a.overlong_buffer:
+        for ep, rw in zip(episodes, rewards, strict=True):
+            lengths = [s.end - s.start for t in ep.trajectories for s in t.turn_spans]
+            longest = max(range(len(lengths)), key=lengths.__getitem__)
+            pen = L.overlong_penalty(
+                torch.tensor([lengths[longest]]), r.max_new_tokens, a.overlong_buffer, a.overlong_penalty
+            )
+            rw[longest] += float(pen[0])
+    if a.advantage_kind == "gae":
+        values = rewards
+    else:
+        flat = torch.tensor([x for rw in rewards for x in rw], dtype=torch.float32)
+        episode = torch.tensor([i for i, rw in enumerate(rewards) for _ in rw], dtype=torch.long)
+        returns = A.turn_returns(flat, episode, a.turn_gamma)
+        adv = A.turn_group_advantages(a.advantage_kind, returns, episode, gid).tolist()
+        values, k = [], 0
+        for rw in rewards:
+            values.append(adv[k : k + len(rw)])
+            k += len(rw)
+    out: list[list[float]] = []
+    for ep, vals in zip(episodes, values, strict=True):
+        k = 0
+        for t in ep.trajectories:
+            n = len(t.turn_spans)
+            row = list(vals[k : k + n])
+            k += n
+            if a.advantage_kind == "gae" and row:
+                row[-1] += sum(vals[k:])  # the rewards of the later segments
+            out.append(row)
+    n_turns = sum(len(v) for v in values)
+    zero = sum(abs(x) < 1e-8 for v in values for x in v) / max(n_turns, 1)
+    return out, float(zero)
+
+
+def _turn_rewards(ep: Any) -> list[float]:
+    """The env's reward after each of the episode's turns (its spans over all segments, in order)."""
+    spans = sum(len(t.turn_spans) for t in ep.trajectories)
+    eid = ep.trajectories[0].episode_id if ep.trajectories else "?"
+    if spans == 0:
+        raise BackendError(
+            f"episode {eid!r} has no turn spans; --advantage-level turn needs the trajectories' turn_spans "
+            "(the session ledger records them), or use --advantage-level episode"
+        )
+    if not ep.turn_rewards:  # only the outcome is known (an agent program's episode)
+        return [0.0] * (spans - 1) + [float(ep.reward)]
+    if len(ep.turn_rewards) != spans or abs(sum(ep.turn_rewards) - ep.reward) > 1e-6 * max(
+        1.0, abs(ep.reward)
+    ):
+        raise BackendError(
+            f"episode {eid!r} has {len(ep.turn_rewards)} per-turn rewards summing to {sum(ep.turn_rewards)} "
+            f"but {spans} turn spans and reward {ep.reward}; each assistant turn needs the env's reward after it"
+        )
+    return [float(x) for x in ep.turn_rewards]
 
 
 def _longest_turn(ep: Any) -> int:
@@ -118,15 +197,19 @@ def _gae_batch(
     rt: Runtime,
     be: FSDP2Backend,
     trajs: list[Any],
-    rewards: torch.Tensor,
+    rewards: torch.Tensor | list[list[float]],
     ep_tok: list[int],
 ) -> TrainBatch:
     """PPO: the (shaped) episode reward on the last sampled token, GAE over the critic, normalised
-    advantages over the whole step's sampled tokens."""
+    advantages over the whole step's sampled tokens. At turn level (``rewards`` per turn span) each
+    turn's reward goes on its own last sampled token instead."""
     a = cfg.algo
     batch = from_trajectories(trajs, [0.0] * len(trajs), pad_id=rt.pad_id, episode_tokens=ep_tok)
-    last = (batch.loss_mask.cumsum(-1) == batch.loss_mask.sum(-1, keepdim=True)) & (batch.loss_mask > 0)
-    batch.token_rewards = last.float() * rewards[:, None]
+    if isinstance(rewards, list):
+        batch.token_rewards = turn_end_rewards(trajs, rewards, batch.loss_mask)
+    else:
+        last = (batch.loss_mask.cumsum(-1) == batch.loss_mask.sum(-1, keepdim=True)) & (batch.loss_mask > 0)
+        batch.token_rewards = last.float() * rewards[:, None]
     batch.old_values = be.values(batch)
     gae_adv, returns = A.gae(batch.token_rewards, batch.old_values, batch.loss_mask, a.gamma, a.lam)
     m = batch.loss_mask
@@ -153,7 +236,7 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
     else:
         batch = from_trajectories(
             [trajs[i] for i in mine],
-            [float(adv[i]) for i in mine],
+            [adv[i] if isinstance(adv, list) else float(adv[i]) for i in mine],
             pad_id=rt.pad_id,
             episode_tokens=[ep_tok[i] for i in mine],
         )

@@ -17,7 +17,13 @@ import torch
 from agentrl.trainer.errors import BackendError
 from agentrl.types import Trajectory
 
-__all__ = ["TrainBatch", "from_trajectories", "token_budget_microbatches", "trained_tokens"]
+__all__ = [
+    "TrainBatch",
+    "from_trajectories",
+    "token_budget_microbatches",
+    "trained_tokens",
+    "turn_end_rewards",
+]
 
 
 @dataclass
@@ -41,7 +47,7 @@ class TrainBatch:
     returns: torch.Tensor | None = None
     """(B, T) value targets (PPO)"""
     token_rewards: torch.Tensor | None = None
-    """(B, T) per-token rewards, the episode reward on the last sampled token (PPO/GAE)"""
+    """(B, T) per-token rewards, the episode reward on the last sampled token (PPO/GAE; at turn level each turn's on its last)"""
     episode_tokens: torch.Tensor | None = None
     """(B, 1) sampled tokens of the row's episode over all its segments (None: each row is an episode)"""
 
@@ -80,12 +86,15 @@ class TrainBatch:
 
 def from_trajectories(
     trajs: Sequence[Trajectory],
-    advantages: Sequence[float] | torch.Tensor,
+    advantages: Sequence[float | Sequence[float]] | torch.Tensor,
     *,
     pad_id: int = 0,
     episode_tokens: Sequence[float] | None = None,
 ) -> TrainBatch:
     """Pad trajectories into a batch; each episode's scalar advantage covers its sampled tokens.
+
+    A row's advantage may instead be a sequence, one value per turn span (turn-level credit):
+    each covers the sampled tokens of its span.
 
     ``episode_tokens``: per row, the trained tokens of its episode over all its segments
     (:func:`trained_tokens` summed), so that ``seq-mean-*`` aggregation counts episodes.
@@ -114,12 +123,54 @@ def from_trajectories(
         m[0] = 0.0  # token 0 has no context to be predicted from
         lm[i, :n] = m
         olp[i, :n] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
-        adv[i, :n] = float(advantages[i]) * m
+        adv[i, :n] = _row_advantages(advantages[i], t) * m
         sampled = m.nonzero()
         if len(sampled):
             rew[i, int(sampled[-1])] = t.reward
     ep = None if episode_tokens is None else torch.tensor(episode_tokens, dtype=torch.float32)[:, None]
     return TrainBatch(ids, att, lm, olp, adv, token_rewards=rew, episode_tokens=ep)
+
+
+def _row_advantages(value: Any, t: Trajectory) -> torch.Tensor | float:
+    """A row's advantage per token: a scalar as is, or one value per turn span over that span."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 or not isinstance(value, Sequence | torch.Tensor):
+        return float(value)
+    if len(value) != len(t.turn_spans):
+        raise BackendError(
+            f"{len(value)} turn advantages for a trajectory with {len(t.turn_spans)} turn spans; give one per span"
+        )
+    out = torch.zeros(len(t.token_ids))
+    for span, v in zip(t.turn_spans, value, strict=True):
+        out[span.start : span.end] = float(v)
+    return out
+
+
+def turn_end_rewards(
+    trajs: Sequence[Trajectory], rewards: Sequence[Sequence[float]], loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """``(B, T)``: each turn's reward on the last trained token at or before the end of its span.
+
+    ``loss_mask`` is the batch's (token 0 is never trained). A turn with no trained token of its
+    own (an empty reply) hands its reward to the latest trained token before it, or, at the start
+    of a row, to the next turn's; GAE then propagates every reward back over the tokens before it.
+    """
+    out = torch.zeros_like(loss_mask)
+    for i, (t, row) in enumerate(zip(trajs, rewards, strict=True)):
+        if len(row) != len(t.turn_spans):
+            raise BackendError(
+                f"{len(row)} turn rewards for a trajectory with {len(t.turn_spans)} turn spans"
+            )
+        trained = loss_mask[i].nonzero().squeeze(-1).tolist()
+        carry, j, last = 0.0, 0, -1
+        for span, r in zip(t.turn_spans, row, strict=True):
+            while j < len(trained) and trained[j] < span.end:
+                last, j = trained[j], j + 1
+            if last < 0:
+                carry += float(r)
+            else:
+                out[i, last] += float(r) + carry
+                carry = 0.0
+    return out
 
 
 def trained_tokens(t: Trajectory) -> int:

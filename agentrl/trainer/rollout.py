@@ -130,6 +130,9 @@ class Episode:
     truncated: bool = False
     cause: str | None = None
     """why a ``model_error`` episode ended early: ``context_full``, ``deadline`` or ``agent_crash``"""
+    turn_rewards: list[float] = field(default_factory=list)
+    """the env's reward after each assistant turn, in order (``reward`` is their sum); empty where
+    only the outcome is known (an agent program's episode): turn-level credit puts it on the last turn"""
 
 
 @dataclass
@@ -169,6 +172,7 @@ class _Play:
     cause: str | None = None
     phase: str = "env"
     """``"env"`` (reset, step) or ``"model"`` (a session turn): the phase a deadline would interrupt"""
+    turn_rewards: list[float] = field(default_factory=list)
 
 
 async def _areset(env: Any, seed: int) -> tuple[list[Message], dict[str, Any]]:
@@ -253,7 +257,7 @@ class RolloutManager:
         out = _label(trajs, p.reward, f"{group_id}/{index}", p.status, p.error, p.truncated, p.turns)
         return Episode(
             seed, group_id, p.reward, out, p.status, p.error, p.turns, attempt + 1, p.completion, p.truncated,
-            p.cause,
+            p.cause, p.turn_rewards,
         )  # fmt: skip
 
     async def _play(self, env: Any, sid: str, p: _Play, coords: tuple[int, int, float, int, int]) -> None:
@@ -286,6 +290,7 @@ class RolloutManager:
             p.completion += res.completion_tokens
             obs, r, terminated, trunc, _ = await _astep(env, res.message)
             p.reward += float(r)
+            p.turn_rewards.append(float(r))
             history += [res.message, *obs]
             done = bool(terminated or trunc)
             p.truncated = bool(trunc) or (not done and p.turns >= limit)
@@ -477,15 +482,8 @@ def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> 
     return RolloutResult(groups, metrics, errors[:1], sorted(t for p in parts for t in p.dropped))
 
 
-def _label(
-    trajs: list[Trajectory],
-    reward: float,
-    episode_id: str,
-    status: str,
-    error: str | None,
-    truncated: bool,
-    turns: int,
-) -> list[Trajectory]:
+def _label(trajs: list[Trajectory], reward: float, episode_id: str, status: str, error: str | None,
+           truncated: bool, turns: int) -> list[Trajectory]:  # fmt: skip
     """The episode's trajectories (one per segment), each with the episode's reward and outcome."""
     group_id = episode_id.partition("/")[0]
     update = {"reward": reward, "group_id": group_id, "episode_id": episode_id, "status": status,

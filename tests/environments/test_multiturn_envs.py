@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -154,3 +155,18 @@ def test_calculator_mixed_oracle_uses_the_tool_on_its_share_of_seeds_and_guesses
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="oracle_tool_rate"):
             envs.make("calculator-v0", oracle_tool_rate=bad)
+
+
+def test_guess_number_step_reward_pays_the_bits_each_guess_cuts() -> None:
+    env = envs.make("guess-number-v0", step_reward=0.1)
+    env.reset(seed=0, options={"secret": 11})
+    assert env.step(say("<guess>8</guess>")).reward == pytest.approx(0.1 / 4)  # 16 -> 8 numbers: 1 of 4 bits
+    assert env.step(say("<guess>3</guess>")).reward == 0.0  # already ruled out: nothing learnt
+    assert env.step(say("<guess>eleven</guess>")).reward == 0.0  # invalid
+    assert env.step(say("<guess>14</guess>")).reward == pytest.approx(0.1 * math.log2(8 / 5) / 4)  # 9..13
+    win = env.step(say("<guess>11</guess>"))
+    assert win.reward == pytest.approx(1.0 + 0.1 * math.log2(5) / 4)
+    # however it gets there, a solved episode earns 1 + step_reward: the guesses' bits add up to 4
+    env.reset(seed=0, options={"secret": 11})
+    assert env.step(say("<guess>11</guess>")).reward == pytest.approx(1.1)
+    assert envs.make("guess-number-v0").step_reward == 0.0  # off by default  # type: ignore[attr-defined]
