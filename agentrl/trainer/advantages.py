@@ -11,7 +11,8 @@ gives one entry per episode). :func:`gae` works per token with a critic.
 
 - GRPO (Shao et al. 2024, DeepSeekMath, eq. 3): ``(r - mean_g) / (std_g + eps)``.
 - Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): ``r - mean_g``
-  (no std division; pair it with ``loss_agg="seq-mean-token-sum"`` to also drop length normalisation).
+  (no std division; pair it with ``loss_agg="seq-mean-token-sum-norm"``, token sums over a
+  constant, to also drop length normalisation).
 - RLOO (Ahmadian et al. 2024): ``r - mean of the other G-1 rewards`` = ``G/(G-1) (r - mean_g)``.
 - REINFORCE++ (Hu 2025): the reward (minus the group mean for the ``baseline``
   variant) normalised by the mean and std of the whole batch.
