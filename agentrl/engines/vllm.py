@@ -24,14 +24,16 @@ Weight updates (``update_weights_from_path``) are atomic for the sampler:
    preempts them: their KV is dropped and recomputed from prompt + tokens so far by the new
    weights when they resume, so every token labelled with the new version was sampled by the
    new weights alone. An answer other than ``success: true`` fails the update (rolled back
-   as below): KV computed by the old weights could otherwise serve new requests;
+   as below): KV computed by the old weights could otherwise serve new requests. (vLLM 0.32:
+   ``entrypoints/serve/dev/cache/api_router.py``, ``Scheduler.reset_prefix_cache`` in
+   ``v1/core/sched/scheduler.py``, ``BlockPool.reset_prefix_cache`` in ``v1/core/block_pool.py``.);
 5. ``/update_weight_version``: the version changes once, and this client draws a new prefix
    cache salt (``cache_salt`` on every request it sends from then on), so no request sent
    after the update can hit a KV block computed by older weights, whatever the scheduler
    kept; requests sent before the update keep the salt they were sent with;
 6. ``/resume``: frozen requests continue, and their later tokens carry the new version.
 
-A reload or cache reset that fails after step 3 began reloads the last good weights before
+A reload or cache reset that fails (or gets no answer) after step 3 began reloads the last good weights before
 resuming (so no half-updated model ever samples) and raises :class:`WeightUpdateError`; if
 that reload fails too, the server stays paused and this client refuses to generate
 (:class:`EngineUnavailableError`). The RL endpoints used
