@@ -109,6 +109,7 @@ def test_tokens_after_an_update_score_under_the_new_weights(engine: VLLMEngine, 
     assert stale > 1e-2  # the check above can tell the two models apart
 
 
+@pytest.mark.timeout(600)  # a 1,500-token request; about 4 minutes with the server's start on two busy cores
 def test_an_update_mid_request_leaves_no_kv_of_the_old_weights(engine: VLLMEngine, tmp_path: Path) -> None:
     """An update while a request runs: that request's tokens go old version then new, and its new
     ones, like every token of a request sent after the update with a long prefix shared with
