@@ -33,11 +33,11 @@ Weight updates (``update_weights_from_path``) are atomic for the sampler:
    kept; requests sent before the update keep the salt they were sent with;
 6. ``/resume``: frozen requests continue, and their later tokens carry the new version.
 
-A reload or cache reset that fails (or gets no answer) after step 3 began reloads the last good weights before
-resuming (so no half-updated model ever samples) and raises :class:`WeightUpdateError`; if
-that reload fails too, the server stays paused and this client refuses to generate
-(:class:`EngineUnavailableError`). The RL endpoints used
-here exist only in vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``), which
+A reload or cache reset that fails (or gets no answer) after step 3 began reloads the last
+good weights before resuming (so no half-updated model ever samples) and raises
+:class:`WeightUpdateError`; if that reload fails too, the server stays paused and this client
+refuses to generate (:class:`EngineUnavailableError`). The RL endpoints used here exist only
+in vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``), which
 :func:`agentrl.engines.launcher.launch_vllm_server` sets. One client owns a server's weights:
 two trainers updating one server would interleave their versions. Another client of the same
 server (with no salt, or its own) is protected by the checked reset of step 4.
@@ -165,9 +165,8 @@ class VLLMEngine(RemoteEngine):
         self._lock = asyncio.Lock()  # one update at a time (per loop; updates come from one owner)
         self._staged: dict[str, set[str]] = {}  # weight group -> names received since its last commit
         self._broken: str | None = None  # why this server must not serve (set by a failed rollback)
-        self._salt: str | None = (
-            None  # prefix-cache salt of the weights this client set (none before its first update)
-        )
+        # the prefix-cache salt of the weights this client set (none before its first update)
+        self._salt: str | None = None
         self.stats = {"updates": 0, "rejected_updates": 0, "rollbacks": 0}
 
     # ------------------------------------------------------------------ generation
@@ -315,8 +314,8 @@ class VLLMEngine(RemoteEngine):
     ) -> None:
         """Pause, ``load`` the new weights, reset the prefix cache (checked), set version ``new``, resume.
 
-        A ``load`` or reset that fails (or times out) is rolled back (:meth:`_rollback`); ``good_path``, when
-        given, becomes the rollback target once the update is in.
+        A ``load`` or reset that fails (or times out) is rolled back (:meth:`_rollback`);
+        ``good_path``, when given, becomes the rollback target once the update is in.
         """
         async with self._lock:
             await self._post_ok(
