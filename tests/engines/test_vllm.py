@@ -144,8 +144,7 @@ def test_an_update_mid_request_leaves_no_kv_of_the_old_weights(engine: VLLMEngin
             abs(x - y) for x, y in zip(_teacher_forced(new, shared + [4 + i], a), a.logprobs, strict=True)
         )
         assert diff < 1e-4, f"a request after the update reused KV of the old weights (max |dlogp| {diff})"
-    assert after[0].meta["cached_tokens"] == 0  # nothing cached by the old weights is reachable
-    assert after[1].meta["cached_tokens"] >= 256  # while the new version's prefixes are shared again
+    assert after[1].meta["cached_tokens"] >= 256  # the new version's requests share their prefixes again
 
 
 def test_a_rejected_update_keeps_the_old_weights_and_version(engine: VLLMEngine, tmp_path: Path) -> None:
