@@ -202,11 +202,18 @@ def find_vllm_python(python: str | None = None) -> str:
 def vllm_command(python: str, model_path: str, *, host: str = "127.0.0.1", port: int = 8000,
                  max_model_len: int = 4096, seed: int = 0, dtype: str = "auto",
                  extra_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
-    """The vLLM API server command agentrl runs: token route only, logprobs of the sampled distribution."""
+    """The vLLM API server command agentrl runs: token route only, logprobs of the sampled distribution,
+    vLLM's neutral sampling defaults (``--generation-config vllm``)."""
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", host,
             "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--logprobs-mode", "processed_logprobs", "--tokens-only", "--disable-log-stats",
             "--worker-extension-cls", "agentrl_vllm_worker.WorkerExtension",
+            # vLLM's neutral sampling defaults, not the model's generation_config.json: a field a
+            # request leaves out (repetition_penalty, min_p, ...) would otherwise take the model
+            # card's value and the sampled distribution would not be the one the trainer scores
+            "--generation-config", "vllm",
+            # usage.prompt_tokens_details.cached_tokens: the prefix-cache hits each answer reports
+            "--enable-prompt-tokens-details",
             # whole prompts only: vLLM rewinds a seeded request's generator when it discards the token of a
             # partial (chunked) prefill, which its CPU generators cannot do (RuntimeError: CPU Generator does
             # not use offset), and the engine core dies; every agentrl request carries a seed

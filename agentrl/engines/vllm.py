@@ -12,19 +12,35 @@ Weight updates (``update_weights_from_path``) are atomic for the sampler:
 
 1. the checkpoint is checked against the served model's tensor names and shapes before
    anything changes (a rejected update leaves the old weights and version serving);
-2. ``/pause?mode=keep`` freezes running requests between two decode steps;
+2. ``/pause?mode=keep&clear_cache=false`` freezes running requests between two decode steps
+   (the cache is reset in step 4, after the load: the deprecated ``clear_cache`` default must
+   not be what makes an update correct);
 3. ``/collective_rpc`` ``agentrl_reload`` (agentrl's worker extension,
    ``vllm_ext/agentrl_vllm_worker.py``) loads the new tensors in place and refreshes what
    vLLM derives from tied tensors (the output head);
-4. ``/reset_prefix_cache``, then ``/update_weight_version``: the version changes once;
-5. ``/resume``: frozen requests continue, and their later tokens carry the new version.
+4. ``/reset_prefix_cache?reset_running_requests=true``, checked: vLLM answers 200 either way
+   and says in its body (``{"success": false}``) that it kept the cache, which it does while
+   any request holds KV blocks, as the frozen ones do. ``reset_running_requests`` first
+   preempts them: their KV is dropped and recomputed from prompt + tokens so far by the new
+   weights when they resume, so every token labelled with the new version was sampled by the
+   new weights alone. An answer other than ``success: true`` fails the update (rolled back
+   as below): KV computed by the old weights could otherwise serve new requests. (vLLM 0.32:
+   ``entrypoints/serve/dev/cache/api_router.py``, ``Scheduler.reset_prefix_cache`` in
+   ``v1/core/sched/scheduler.py``, ``BlockPool.reset_prefix_cache`` in ``v1/core/block_pool.py``.);
+5. ``/update_weight_version``: the version changes once, and this client draws a new prefix
+   cache salt (``cache_salt`` on every request it sends from then on), so no request sent
+   after the update can hit a KV block computed by older weights, whatever the scheduler
+   kept; requests sent before the update keep the salt they were sent with;
+6. ``/resume``: frozen requests continue, and their later tokens carry the new version.
 
-A reload that fails after step 3 began reloads the last good weights before resuming (so no
-half-updated model ever samples) and raises :class:`WeightUpdateError`; if that reload fails
-too, the server stays paused and this client refuses to generate (:class:`EngineUnavailableError`). The RL endpoints used
-here exist only in vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``), which
+A reload or cache reset that fails (or gets no answer) after step 3 began reloads the last
+good weights before resuming (so no half-updated model ever samples) and raises
+:class:`WeightUpdateError`; if that reload fails too, the server stays paused and this client
+refuses to generate (:class:`EngineUnavailableError`). The RL endpoints used here exist only
+in vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``), which
 :func:`agentrl.engines.launcher.launch_vllm_server` sets. One client owns a server's weights:
-two trainers updating one server would interleave their versions.
+two trainers updating one server would interleave their versions. Another client of the same
+server (with no salt, or its own) is protected by the checked reset of step 4.
 """
 
 from __future__ import annotations
@@ -38,6 +54,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentrl.engines.errors import (
+    EngineError,
     EngineUnavailableError,
     UnsupportedWeightUpdateError,
     WeightUpdateError,
@@ -148,6 +165,8 @@ class VLLMEngine(RemoteEngine):
         self._lock = asyncio.Lock()  # one update at a time (per loop; updates come from one owner)
         self._staged: dict[str, set[str]] = {}  # weight group -> names received since its last commit
         self._broken: str | None = None  # why this server must not serve (set by a failed rollback)
+        # the prefix-cache salt of the weights this client set (none before its first update)
+        self._salt: str | None = None
         self.stats = {"updates": 0, "rejected_updates": 0, "rollbacks": 0}
 
     # ------------------------------------------------------------------ generation
@@ -163,6 +182,8 @@ class VLLMEngine(RemoteEngine):
         )
         rid = request_id or uuid.uuid4().hex
         body = {"token_ids": ids, "request_id": rid, "sampling_params": to_vllm_sampling(params)}
+        if self._salt is not None:  # only KV computed by the weights this request was sent under
+            body["cache_salt"] = self._salt
         submitted = self._version
         out = await self._post_generation("/inference/v1/generate", body, rid)
         return self._generation(out, rid, len(ids), submitted)
@@ -218,7 +239,25 @@ class VLLMEngine(RemoteEngine):
                 "weight_version": self._version, "engine": "vllm"}  # fmt: skip
 
     async def flush_cache(self) -> None:
-        await self._post_ok("/reset_prefix_cache", None, "resetting the prefix cache")
+        """Drop vLLM's prefix cache; running requests recompute their KV. Raises if vLLM kept it."""
+        if (why := await self._reset_prefix_cache()) is not None:
+            raise EngineUnavailableError(why)
+
+    async def _reset_prefix_cache(self) -> str | None:
+        """Reset the prefix cache (preempting running requests); why it was not reset, else None.
+
+        vLLM's route answers 200 whatever happened; its body says whether the cache is gone
+        (``vllm/entrypoints/serve/dev/cache/api_router.py``; the scheduler's
+        ``reset_prefix_cache`` refuses while any block is held, unless told to preempt first).
+        """
+        out = await self._post_ok("/reset_prefix_cache", None, "resetting the prefix cache",
+                                  params={"reset_running_requests": "true"})  # fmt: skip
+        if isinstance(out, dict) and out.get("success") is True:
+            return None
+        return (
+            f"{self.base_url}/reset_prefix_cache answered {out!r}, not {{'success': true}}: vLLM kept KV "
+            "computed by the previous weights (see the server's log for the blocks still held)"
+        )
 
     # ------------------------------------------------------------------ weights
 
@@ -273,25 +312,29 @@ class VLLMEngine(RemoteEngine):
     async def _atomic_update(
         self, new: int, load: Callable[[], Awaitable[None]], *, good_path: str | None = None
     ) -> None:
-        """Pause, ``load`` the new weights, reset the prefix cache, set version ``new``, resume.
+        """Pause, ``load`` the new weights, reset the prefix cache (checked), set version ``new``, resume.
 
-        A ``load`` that fails is rolled back (:meth:`_rollback`); ``good_path``, when given,
-        becomes the rollback target once the update is in.
+        A ``load`` or reset that fails (or times out) is rolled back (:meth:`_rollback`);
+        ``good_path``, when given, becomes the rollback target once the update is in.
         """
         async with self._lock:
-            await self._post_ok("/pause", None, "pausing generation", params={"mode": "keep"})
+            await self._post_ok(
+                "/pause", None, "pausing generation", params={"mode": "keep", "clear_cache": "false"}
+            )
             try:
                 try:
                     await load()
-                except WeightUpdateError:
+                    if (why := await self._reset_prefix_cache()) is not None:
+                        raise WeightUpdateError(f"{why}; the update was rolled back")
+                except EngineError:  # refused, or no answer (a timeout): the server's state is unknown
                     self.stats["rollbacks"] += 1
                     await self._rollback()
                     raise
-                await self.flush_cache()
                 await self._post_ok(
                     "/update_weight_version", {"new_version": str(new)}, "setting the version"
                 )
                 self._version = new
+                self._salt = f"agentrl-w{new}-{uuid.uuid4().hex}"  # vLLM: <= 128 chars, no '@', '/', '\\'
                 if good_path is not None:
                     self._good_path = good_path
                 self.stats["updates"] += 1
@@ -300,14 +343,14 @@ class VLLMEngine(RemoteEngine):
                     await self._post_ok("/resume", None, "resuming generation")
 
     async def _rollback(self) -> None:
-        """Reload the last good weights after a failed reload; if that fails too, refuse to serve.
+        """Reload the last good weights after a failed reload or reset; if that fails too, refuse to serve.
 
         The server is still paused then, and stays so: no token is sampled from a half-updated
         model, and every later ``generate`` raises :class:`EngineUnavailableError` at once.
         """
         try:
             await self._reload(self._good_path)  # the old weights serve again, whole
-        except WeightUpdateError as e:
+        except EngineError as e:
             self._broken = (
                 f"vLLM at {self.base_url} may hold partly updated weights: a reload failed and so did "
                 f"reloading {self._good_path!r} ({e}); restart the server"

@@ -70,8 +70,9 @@ def _app(stub: Stub) -> Any:
         stub.updated = True
         return {}
 
-    for path in ("/pause", "/resume", "/reset_prefix_cache", "/collective_rpc"):
+    for path in ("/pause", "/resume", "/collective_rpc"):
         app.post(path)(lambda: {})
+    app.post("/reset_prefix_cache")(lambda: {"success": True})
     return app
 
 

@@ -134,20 +134,42 @@ def test_tokens_after_an_update_score_under_the_new_weights(engine: VLLMEngine, 
     assert stale > 1e-2  # the check above can tell the two models apart
 
 
-def test_an_update_mid_request_splits_its_versions(engine: VLLMEngine, tmp_path: Path) -> None:
-    _perturbed(tmp_path / "w2", seed=2)
+@pytest.mark.timeout(600)  # a 1,500-token request; about 4 minutes with the server's start on two busy cores
+def test_an_update_mid_request_leaves_no_kv_of_the_old_weights(engine: VLLMEngine, tmp_path: Path) -> None:
+    """An update while a request runs: that request's tokens go old version then new, and its new
+    ones, like every token of a request sent after the update with a long prefix shared with
+    earlier requests (an agent's system and tool prompt), score under the new weights: no KV
+    computed by the old weights is reused, though the shared prefix was served from the cache."""
+    new = _perturbed(tmp_path / "w2", seed=2)
+    shared = [10 + (7 * i) % 1400 for i in range(300)]  # more than two KV blocks (128 tokens each on CPU)
+    quick = SamplingParams(max_new_tokens=8, temperature=1.0, seed=6)
     long = SamplingParams(max_new_tokens=1500, temperature=1.0, seed=4, ignore_eos=True)
 
-    async def run() -> tuple[Generation, int]:
-        task = asyncio.create_task(engine.generate([1, 2, 3], long))
+    async def run() -> tuple[Generation, list[Generation], Generation, int]:
+        await engine.generate(shared + [1], quick)
+        hit = await engine.generate(shared + [2], quick)
+        task = asyncio.create_task(engine.generate(shared + [3], long))
         await asyncio.sleep(1.5)
         v = await engine.update_weights_from_path(tmp_path / "w2")
-        return await task, v
+        after = [await engine.generate(shared + [4 + i], quick) for i in range(2)]
+        return hit, after, await task, v
 
-    g, v = run_sync(run(), timeout_s=300, what="a request across an update")
+    hit, after, g, v = run_sync(run(), timeout_s=300, what="requests across an update")
+    assert hit.meta["cached_tokens"] >= 256  # before the update the shared prefix comes from the cache
     versions = g.weight_versions
     assert len(g.output_ids) == 1500 and g.finish_reason == "length"
     assert versions == sorted(versions) and versions[0] == v - 1 and versions[-1] == v
+    k = versions.index(v)
+    scored = _teacher_forced(new, shared + [3], g)
+    diff = max(abs(a - b) for a, b in zip(scored[k:], g.logprobs[k:], strict=True))
+    assert diff < 1e-3, f"the frozen request's tokens after the update used KV of the old weights ({diff})"
+    for i, a in enumerate(after):
+        assert a.weight_versions == [v] * len(a.output_ids)
+        diff = max(
+            abs(x - y) for x, y in zip(_teacher_forced(new, shared + [4 + i], a), a.logprobs, strict=True)
+        )
+        assert diff < 1e-4, f"a request after the update reused KV of the old weights (max |dlogp| {diff})"
+    assert after[1].meta["cached_tokens"] >= 256  # the new version's requests share their prefixes again
 
 
 def test_a_rejected_update_keeps_the_old_weights_and_version(engine: VLLMEngine, tmp_path: Path) -> None:
