@@ -56,6 +56,7 @@ from agentrl.engines.errors import (
 )
 from agentrl.engines.protocol import Engine, EngineCapabilities, Generation, run_sync
 from agentrl.engines.sampling_check import DEFAULT_SETTINGS, ChiSquare, sampling_tests
+from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
 
 __all__ = ["EngineCheckReport", "check_engine", "check_sampling"]
@@ -409,6 +410,6 @@ def check_sampling(
 
 def _check_sampling_args(draws: int, alpha: float) -> None:
     if draws < 0 or not 0 < alpha < 1:
-        raise ValueError(
+        raise ConfigError(
             f"sampling draws={draws}, alpha={alpha}; need draws >= 0 (0 skips the check) and 0 < alpha < 1"
         )

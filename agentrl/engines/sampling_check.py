@@ -44,6 +44,7 @@ import torch
 
 from agentrl.engines.protocol import Engine, Generation
 from agentrl.engines.sampling import SamplingBatch, filtered_logprobs
+from agentrl.errors import ConfigError
 from agentrl.types import SamplingParams
 
 __all__ = [
@@ -85,7 +86,7 @@ class ChiSquare:
 def chi_square_sf(statistic: float, dof: int) -> float:
     """P(X >= statistic) for X ~ chi-square(dof): the regularized upper incomplete gamma Q(dof/2, x/2)."""
     if dof < 1:
-        raise ValueError(f"a chi-square test needs dof >= 1, got {dof}")
+        raise ConfigError(f"a chi-square test needs dof >= 1, got {dof}")
     a = torch.tensor(dof / 2.0, dtype=torch.float64)
     x = torch.tensor(max(statistic, 0.0) / 2.0, dtype=torch.float64)
     return float(torch.special.gammaincc(a, x))
