@@ -26,7 +26,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 FLAGS = [
     "--env", "countdown", "--model", "tiny", "--group-size", "2", "--tasks-per-step", "2",
-    "--max-new-tokens", "8", "--eval-episodes", "4", "--eval-every", "0", "--sft-steps", "3",
+    # greedy evaluation only: its episodes are compared and counted across processes (sampled
+    # evaluation episodes share decode batches with them by timing; tests/trainer/test_evaluation.py)
+    "--max-new-tokens", "8", "--eval-episodes", "4", "--eval-samples", "0", "--eval-every", "0",
+    "--sft-steps", "3",
     "--no-progress", "--no-tensorboard",
 ]  # fmt: skip
 CMD = [sys.executable, "-c", "import sys; from agentrl.cli import main; sys.exit(main())", "train"]
