@@ -309,7 +309,9 @@ class _Checker:
 
     def abort(self) -> None:
         check = "abort"
-        long = _sp(max_new_tokens=self.max_context - len(_PROMPT), temperature=1.0, seed=4)
+        # ignore_eos: a small model can sample its end-of-sequence token before the first abort lands,
+        # so only the abort (or thousands of tokens) can end this request
+        long = _sp(max_new_tokens=self.max_context - len(_PROMPT), temperature=1.0, seed=4, ignore_eos=True)
 
         async def run() -> Generation:
             task = asyncio.create_task(self.engine.generate(_PROMPT, long, request_id="check-engine-abort"))

@@ -31,7 +31,9 @@ SCHEMA = pa.schema(
         # ---- where: one key per row, unique in a run's store
         pa.field("key", pa.string(), nullable=False),  # f"{kind}/{step}/{group_id}/{episode_index}"
         pa.field("kind", pa.string(), nullable=False),  # "train" | "eval"
-        pa.field("step", pa.int32(), nullable=False),  # metrics.jsonl's step: train rows the step they trained at (1..N), eval rows the steps done before the eval (0 = start)
+        pa.field(
+            "step", pa.int32(), nullable=False
+        ),  # metrics.jsonl's step: train rows the step they trained at (1..N), eval rows the steps done before the eval (0 = start)
         pa.field("task_id", pa.int64(), nullable=False),  # the env's reset seed
         pa.field("group_id", pa.string(), nullable=False),
         pa.field("episode_index", pa.int32(), nullable=False),
@@ -43,15 +45,21 @@ SCHEMA = pa.schema(
         pa.field("cause", pa.string()),  # context_full | deadline | agent_crash for model errors
         pa.field("reward", pa.float64(), nullable=False),
         pa.field("turn_rewards", pa.list_(pa.float64())),
-        pa.field("advantage", pa.float64()),  # the episode's advantage (mean over its sampled tokens); null off trained rows
+        pa.field(
+            "advantage", pa.float64()
+        ),  # the episode's advantage (mean over its sampled tokens); null off trained rows
         pa.field("turns", pa.int32(), nullable=False),
         pa.field("attempts", pa.int32(), nullable=False),
         pa.field("truncated", pa.bool_(), nullable=False),
         pa.field("completion_tokens", pa.int32(), nullable=False),
         pa.field("finish_reasons", pa.list_(pa.string())),  # per model turn: stop | length | abort ...
-        pa.field("messages", pa.string()),  # JSON: the conversation [{role, content, tool_calls?, tool_call_id?, name?}]; null for agent programs
+        pa.field(
+            "messages", pa.string()
+        ),  # JSON: the conversation [{role, content, tool_calls?, tool_call_id?, name?}]; null for agent programs
         pa.field("seconds", pa.float64()),  # the episode's wall time, all attempts
-        pa.field("trained_version", pa.int32()),  # the policy version the update started from; staleness = trained_version - versions[t]
+        pa.field(
+            "trained_version", pa.int32()
+        ),  # the policy version the update started from; staleness = trained_version - versions[t]
         # ---- per token, the segments concatenated
         pa.field("segment_starts", pa.list_(pa.int32())),
         pa.field("turn_starts", pa.list_(pa.int32())),  # each sampled turn's first token
@@ -62,7 +70,9 @@ SCHEMA = pa.schema(
         pa.field("logprobs", pa.list_(pa.float32())),  # behaviour (rollout) logprob; 0 off the sampled tokens
         pa.field("versions", pa.list_(pa.int32())),  # the policy version that sampled each token; -1 off them
         pa.field("advantages", pa.list_(pa.float32())),  # per-token advantage the update used
-        pa.field("train_logprobs", pa.list_(pa.float32())),  # the trainer's logprob before its first optimizer step
+        pa.field(
+            "train_logprobs", pa.list_(pa.float32())
+        ),  # the trainer's logprob before its first optimizer step
         pa.field("entropy", pa.list_(pa.float32())),  # the trainer's entropy at each position (same forward)
     ],
     metadata={"agentrl.rollouts.schema": str(SCHEMA_VERSION)},

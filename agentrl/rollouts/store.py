@@ -81,7 +81,9 @@ def read_file(path: str | Path, columns: Sequence[str] | None = None) -> pa.Tabl
     meta = pf.schema_arrow.metadata or {}
     version = meta.get(b"agentrl.rollouts.schema")
     if version is None:
-        raise RolloutStoreError(f"{path}: a Parquet file without agentrl's schema version; not a rollout file")
+        raise RolloutStoreError(
+            f"{path}: a Parquet file without agentrl's schema version; not a rollout file"
+        )
     if int(version) != SCHEMA_VERSION:
         raise RolloutSchemaError(
             f"{path}: written under rollout schema {int(version)}, this agentrl reads schema {SCHEMA_VERSION}; "

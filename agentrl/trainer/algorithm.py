@@ -220,8 +220,29 @@ def _gae_batch(
     return batch
 
 
-def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[list[Any]]) -> dict[str, float]:
-    """Advantages over the whole step's batch (the same on every rank), then this rank's rows."""
+@dataclass
+class TokenRecord:
+    """What the update did with one trajectory, for the rollout store: its per-token advantages
+    (0 off the trained tokens) and, at its sampled positions, the logprob and entropy of the
+    trainer's first forward over it in this update."""
+
+    advantages: list[float]
+    positions: list[int]
+    logprobs: list[float]
+    entropy: list[float]
+
+
+def train_step(
+    cfg: TrainConfig,
+    rt: Runtime,
+    be: FSDP2Backend,
+    groups: list[list[Any]],
+    record: dict[tuple[str, int], TokenRecord] | None = None,
+) -> dict[str, float]:
+    """Advantages over the whole step's batch (the same on every rank), then this rank's rows.
+
+    ``record`` (rank 0's matters) receives a :class:`TokenRecord` per trained trajectory, keyed by
+    ``(episode_id, segment)``: a collective under ``torchrun`` (every rank passes one or none)."""
     trajs, adv, info = advantages(cfg, groups)
     a, ranks = cfg.algo, rt.ranks
     ep_tok = _episode_tokens(groups, trajs)
@@ -231,6 +252,7 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
     mine = ranks.shard(range(len(trajs)))
     if a.advantage_kind == "gae":
         batch = _gae_batch(cfg, rt, be, trajs, adv, ep_tok)
+        batch.row_ids = torch.arange(len(trajs))[:, None]
         if ranks.world > 1:
             batch = batch.select(mine)
     else:
@@ -240,11 +262,18 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
             pad_id=rt.pad_id,
             episode_tokens=[ep_tok[i] for i in mine],
         )
+        batch.row_ids = torch.tensor(list(mine), dtype=torch.long)[:, None]
     if a.kl_coef > 0:
         batch.ref_logp = be.ref_logprobs(batch)
     if a.decoupled:  # decoupled PPO's proximal policy: the weights before this step's first update
         batch.prox_logp = be.logprobs(batch)
-    stats = be.train_step(batch)
+    be.capture = {} if record is not None else None
+    try:
+        stats = be.train_step(batch)
+        if record is not None:
+            _record(record, trajs, batch, be.capture or {}, ranks)
+    finally:
+        be.capture = None
     versions = [v for t in trajs for v, m in zip(t.policy_versions, t.loss_mask, strict=True) if m]
     out = {f"train/{k}": v for k, v in stats.items()}
     out.update(info)
@@ -257,6 +286,26 @@ def train_step(cfg: TrainConfig, rt: Runtime, be: FSDP2Backend, groups: list[lis
         # trained past the bound (--max-staleness K; 0 is the synchronous loop): must read 0
         out["train/tokens_past_bound"] = float(sum(now - v > cfg.rollout.max_staleness for v in versions))
     return out
+
+
+def _record(
+    record: dict[tuple[str, int], TokenRecord],
+    trajs: list[Any],
+    batch: TrainBatch,
+    seen: dict[int, tuple[list[int], list[float], list[float]]],
+    ranks: Any,
+) -> None:
+    """Every rank's :class:`TokenRecord` of its rows, gathered into ``record``."""
+    mine: dict[tuple[str, int], TokenRecord] = {}
+    assert batch.row_ids is not None
+    for b, i in enumerate(batch.row_ids[:, 0].tolist()):
+        t = trajs[i]
+        pos, lp, ent = seen.get(i, ([], [], []))
+        mine[(t.episode_id, t.segment)] = TokenRecord(
+            batch.advantages[b, : len(t.token_ids)].tolist(), pos, lp, ent
+        )
+    for part in ranks.gather(mine) if ranks.world > 1 else [mine]:
+        record.update(part)
 
 
 # ---------------------------------------------------------------- 4-5: per-token terms, aggregation

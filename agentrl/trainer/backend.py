@@ -127,6 +127,9 @@ class FSDP2Backend:
                 f"temperature={temperature!r}: the sampling temperature must be finite and >= 0 (0: greedy)"
             )
         self.algo, self.optim_cfg, self.objective = algo, optim, objective
+        self.capture: dict[int, tuple[list[int], list[float], list[float]]] | None = None
+        """set to ``{}`` before :meth:`train_step` to collect, per row (``batch.row_ids``), its sampled
+        positions with the logprob and entropy of the row's first forward in the update (the rollout store)"""
         self.temperature = temperature
         self.device = torch.device(device)
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -403,7 +406,20 @@ class FSDP2Backend:
         if seen is not None:
             sampled = mb.loss_mask[:, 1:] > 0
             seen.append((logp.detach()[sampled].cpu(), mb.old_logp[:, 1:][sampled].cpu()))
+        if self.capture is not None and mb.row_ids is not None:
+            self._capture(mb, logp, ent_tok)
         return self.objective.rl_loss(mb, logp, ent_tok, values, num_tokens, num_seqs)
+
+    def _capture(self, mb: TrainBatch, logp: torch.Tensor, ent: torch.Tensor) -> None:
+        """Each row's sampled positions, logprobs and entropies, the first time the update scores it."""
+        assert self.capture is not None and mb.row_ids is not None
+        sampled = mb.loss_mask[:, 1:] > 0
+        lp, en = logp.detach().float().cpu(), ent.detach().float().cpu()
+        for b, rid in enumerate(mb.row_ids[:, 0].tolist()):
+            if rid in self.capture:
+                continue
+            cols = sampled[b].nonzero().squeeze(-1).cpu()
+            self.capture[rid] = ((cols + 1).tolist(), lp[b, cols].tolist(), en[b, cols].tolist())
 
     def _mismatch(self, seen: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
         """:func:`~agentrl.trainer.offpolicy.mismatch_stats` of the behaviour logprobs against pi_prox.

@@ -50,6 +50,8 @@ class TrainBatch:
     """(B, T) per-token rewards, the episode reward on the last sampled token (PPO/GAE; at turn level each turn's on its last)"""
     episode_tokens: torch.Tensor | None = None
     """(B, 1) sampled tokens of the row's episode over all its segments (None: each row is an episode)"""
+    row_ids: torch.Tensor | None = None
+    """(B, 1) long, each row's index in the step's trajectories: what the backend's ``capture`` keys by"""
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

@@ -255,6 +255,8 @@ class RunConfig:
     """save a resumable checkpoint every N steps (0: only at the end)"""
     resume: str = ""
     """resume from this checkpoint directory (a run_dir/checkpoints/step-N)"""
+    save_rollouts: str = "auto"
+    """episodes kept in RUN_DIR/rollouts (agentrl view reads them): all, none, sample:N (at most N a step, whole groups); auto = sample:1024"""
     weight_sync: SyncKind = "auto"
     """inprocess (copy tensors), disk (safetensors + reload), broadcast (torch.distributed); auto = disk with session_url, else inprocess"""
     tensorboard: bool = True
@@ -270,6 +272,10 @@ class RunConfig:
                 _fail("run", name, getattr(self, name), "must be >= 0")
         if self.sft_batch_size < 1 or self.sft_lr <= 0:
             _fail("run", "sft_batch_size/sft_lr", (self.sft_batch_size, self.sft_lr), "must be > 0")
+        if self.save_rollouts != "auto":
+            from agentrl.rollouts.rows import parse_save_rule
+
+            parse_save_rule(self.save_rollouts)
 
 
 @dataclass(frozen=True)

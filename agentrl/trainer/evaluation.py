@@ -228,9 +228,12 @@ def describe(ev: dict[str, float]) -> str:
 # ---------------------------------------------------------------- playing it
 
 
-async def play_eval(rt: Runtime, episodes: int | None = None, samples: int = 0) -> list[TaskResult]:
+async def play_eval(
+    rt: Runtime, episodes: int | None = None, samples: int = 0, keep: list[list[Episode]] | None = None
+) -> list[TaskResult]:
     """This rank's share of the held-out seeds: a greedy episode each (index 0) and ``samples``
-    episodes at ``rollout.temperature`` (indices 1..n, so each has its own sampling seed)."""
+    episodes at ``rollout.temperature`` (indices 1..n, so each has its own sampling seed).
+    ``keep`` receives each task's episodes (for the rollout store)."""
     r = rt.cfg.rollout
     seeds = rt.ranks.shard([r.eval_seed_offset + i for i in range(episodes or r.eval_episodes)])
 
@@ -240,20 +243,32 @@ async def play_eval(rt: Runtime, episodes: int | None = None, samples: int = 0) 
             rt.rollout.episode(seed, gid, 0, 0.0, salt=-1),
             *(rt.rollout.episode(seed, gid, i, r.temperature, salt=-1) for i in range(1, samples + 1)),
         )
+        if keep is not None:
+            keep.append(list(played))
         return TaskResult(seed, Outcome.of(played[0]), tuple(Outcome.of(e) for e in played[1:]))
 
     return list(await asyncio.gather(*(task(s) for s in seeds)))
 
 
 def evaluate(
-    rt: Runtime, episodes: int | None = None, *, sampled: bool = True, what: str = "the evaluation"
+    rt: Runtime,
+    episodes: int | None = None,
+    *,
+    sampled: bool = True,
+    what: str = "the evaluation",
+    keep: list[list[Episode]] | None = None,
 ) -> dict[str, float]:
     """The held-out evaluation, played on the run's loop (beside a continuous rollout's groups, if
     any); every rank returns the same numbers (a collective under ``torchrun``). ``sampled=False``
-    plays the greedy episodes only. ``what`` names it in a deadline error."""
+    plays the greedy episodes only. ``what`` names it in a deadline error. ``keep`` receives every
+    rank's episodes, per task in seed order (pass it on every rank or on none)."""
     r = rt.cfg.rollout
     n = r.eval_samples if sampled else 0
-    mine = rt.loop.run(play_eval(rt, episodes, n), timeout_s=rt.loop_timeout_s, what=what)
+    played: list[list[Episode]] | None = [] if keep is not None else None
+    mine = rt.loop.run(play_eval(rt, episodes, n, played), timeout_s=rt.loop_timeout_s, what=what)
+    if keep is not None and played is not None:
+        shares = rt.ranks.gather(played) if rt.ranks.world > 1 else [played]
+        keep += sorted((g for share in shares for g in share), key=lambda g: g[0].seed)
     tasks = sorted((t for share in rt.ranks.gather(mine) for t in share), key=lambda t: t.seed)
     return eval_metrics(tasks, threshold=success_threshold(rt), ks=parse_ks(r.eval_k, n) if n else [])
 

@@ -51,12 +51,15 @@ from agentrl.trainer.runtime import (
     Runtime,
     StartParts,
     build_runtime,
+    env_server_metrics,
     evaluate,
+    replica_metrics,
     seed_everything,
     start_run_dir,
 )
 from agentrl.trainer.service import RolloutService
 from agentrl.trainer.sft import warm_start
+from agentrl.trainer.store import RunStore, save_rule
 from agentrl.trainer.weight_sync import WeightSync, make_sync
 
 __all__ = ["RunSummary", "progress_bar", "train"]
@@ -97,6 +100,9 @@ class _Run:
     last_eval: dict[str, float] | None = None
     next_task: int = 0
     """the synchronous loop's task cursor: the next task seed to play (the checkpoint's data position)"""
+    store: RunStore | None = None
+    """the rollout store (rank 0; every rank gathers into it while ``keeping``)"""
+    keeping: bool = False
 
     def close(self) -> None:
         if self.service is not None:
@@ -119,6 +125,7 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
     try:
         with run.progress:
             start = _warm_start_or_resume(run)
+            _open_store(run, start)
             _reference(run)
             if start == 0:
                 _eval_start(run)
@@ -128,7 +135,9 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
                 t0 = time.perf_counter()
                 res, played = rollout(step)
                 t1 = time.perf_counter()
-                stats = train_step(cfg, run.rt, run.be, res.groups)
+                record: dict[Any, Any] | None = {} if run.keeping else None
+                version = run.rt.engine.weight_version  # the policy the update starts from
+                stats = train_step(cfg, run.rt, run.be, res.groups, record)
                 t2 = time.perf_counter()
                 pushed = (
                     None if stats.get("train/skipped") else run.sync.push(run.be.state_dict(all_ranks=True))
@@ -144,9 +153,11 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
                     "time/step": t3 - t0,
                     "sync/version": float(run.rt.engine.weight_version),
                     "sync/bytes": float(pushed.bytes if pushed else 0),
-                    **_replica_metrics(run.rt.engine, run.rt.ranks),
-                    **_env_server_metrics(run.rt.server, run.rt.ranks),
+                    **replica_metrics(run.rt.engine, run.rt.ranks),
+                    **env_server_metrics(run.rt.server, run.rt.ranks),
                 }
+                if run.store is not None and record is not None:
+                    row.update(run.store.train(step + 1, res, record, version))
                 _log_eval_checkpoint(run, step + 1, row, task, res)
             _eval_end(run)
         summary = _finish(run)
@@ -156,35 +167,6 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
         run.close()
         if run.rt.ranks.world > 1:
             shutdown_distributed(meet=finished)
-
-
-def _replica_metrics(engine: Any, ranks: Ranks) -> dict[str, float]:
-    """Engine replicas (``--ray --engines N``): restarts so far, session-affinity hits, replicas in
-    service and replicas that served requests (counts since the replica started), summed over the
-    trainer ranks (each owns its share of the replicas; a collective when there are several)."""
-    from agentrl.engines.replicas import ReplicaEngine
-
-    if not isinstance(engine, ReplicaEngine):
-        return {}
-    s = engine.stats()
-    row = {
-        "engines/restarts": float(s["restarts"]),
-        "engines/affinity_hits": float(s["affinity_hits"]),
-        "engines/sessions_placed": float(s["affinity_misses"]),
-        "engines/live": float(sum(r["live"] for r in s["replicas"])),
-        "engines/serving": float(sum(r["requests"] > 0 for r in s["replicas"])),
-    }
-    return dict(zip(row, ranks.all_sum(list(row.values())), strict=True))
-
-
-def _env_server_metrics(server: Any, ranks: Ranks) -> dict[str, float]:
-    """Env servers on Ray (``--env-servers N``): restarts so far and servers in the rotation, summed over
-    the trainer ranks (a collective when there are several)."""
-    stats = getattr(server, "env_stats", None)
-    row = stats() if stats is not None else None
-    if not row:
-        return {}
-    return dict(zip(row, ranks.all_sum(list(row.values())), strict=True))
 
 
 # ---------------------------------------------------------------- setup
@@ -344,8 +326,26 @@ def _reference(run: _Run) -> None:
     run.be.set_reference(ref)
 
 
+def _open_store(run: _Run, start: int) -> None:
+    """The rollout store (``--save-rollouts``); a resumed run sets aside what followed its checkpoint."""
+    rule = save_rule(run.cfg.run.save_rollouts)
+    run.keeping = rule.enabled
+    if rule.enabled and run.rt.ranks.main:
+        resume = start if run.cfg.run.resume else None
+        run.store = RunStore(run.run_dir, rule, run.rt.tokenizer, run.cfg.rollout.env, resume_step=resume)
+
+
+def _evaluate(run: _Run, step: int, **kw: Any) -> dict[str, float]:
+    """:func:`evaluate`, its episodes stored as the evaluation at ``step``."""
+    keep: list[Any] | None = [] if run.keeping else None
+    ev = evaluate(run.rt, keep=keep, **kw)
+    if run.store is not None and keep is not None:
+        run.store.eval(step, keep)
+    return ev
+
+
 def _eval_start(run: _Run) -> None:
-    ev = evaluate(run.rt, what="the evaluation at the start of RL")
+    ev = _evaluate(run, 0, what="the evaluation at the start of RL")
     run.log.log("eval", 0, ev)
     run.summary.eval_start = ev["eval/reward"]
     run.summary.evals["start"] = ev
@@ -422,7 +422,7 @@ def _log_eval_checkpoint(run: _Run, done: int, row: dict[str, float], task: Any,
     """After ``done`` steps: eval every ``eval_every``, the metrics row, trained and dropped tasks, progress, checkpoint."""
     cfg = run.cfg
     if cfg.rollout.eval_every and done % cfg.rollout.eval_every == 0 and done < cfg.run.steps:
-        run.last_eval = evaluate(run.rt, sampled=False, what=f"the eval after step {done}")
+        run.last_eval = _evaluate(run, done, sampled=False, what=f"the eval after step {done}")
         run.log.log("eval", done, run.last_eval)
     run.log.log("train", done, row)
     run.log.tasks(done, [int(g[0].group_id[1:]) for g in res.groups], res.dropped)
@@ -467,7 +467,7 @@ def _save(run: _Run, step: int) -> Path:
 
 def _eval_end(run: _Run) -> None:
     run.summary.steps = run.cfg.run.steps
-    ev = evaluate(run.rt, what="the evaluation at the end of RL")
+    ev = _evaluate(run, run.cfg.run.steps, what="the evaluation at the end of RL")
     run.log.log("eval", run.cfg.run.steps, ev)
     run.summary.eval_end = ev["eval/reward"]
     run.summary.evals["end"] = ev

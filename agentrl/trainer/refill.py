@@ -86,6 +86,7 @@ def refill(
                 drop -= 1
                 continue
             keep.append(g)
+        res.set_aside += [g for g in res.groups if not any(g is k for k in keep)]
         res.groups = keep[::-1]
     res.metrics.update(
         {

@@ -133,6 +133,13 @@ class Episode:
     turn_rewards: list[float] = field(default_factory=list)
     """the env's reward after each assistant turn, in order (``reward`` is their sum); empty where
     only the outcome is known (an agent program's episode): turn-level credit puts it on the last turn"""
+    messages: list[dict[str, Any]] | None = None
+    """the conversation as the env loop kept it (reset's messages, each reply, each observation);
+    ``None`` for an agent program's episode, whose history the program keeps"""
+    finish_reasons: list[str] = field(default_factory=list)
+    """why each model turn ended (``stop``, ``length``, ...), in order"""
+    seconds: float = 0.0
+    """the episode's wall time over all its attempts"""
 
 
 @dataclass
@@ -144,6 +151,10 @@ class RolloutResult:
     """the first infrastructure error of a dropped group, if any"""
     dropped: list[int] = field(default_factory=list)
     """the task ids (seeds) whose groups were dropped, in the order played"""
+    dropped_groups: list[list[Episode]] = field(default_factory=list)
+    """the dropped groups' episodes (what the rollout store keeps of them)"""
+    set_aside: list[list[Episode]] = field(default_factory=list)
+    """complete groups played but not handed to the update (a refill's surplus), kept for the store"""
 
     @property
     def episodes(self) -> list[Episode]:
@@ -173,6 +184,8 @@ class _Play:
     phase: str = "env"
     """``"env"`` (reset, step) or ``"model"`` (a session turn): the phase a deadline would interrupt"""
     turn_rewards: list[float] = field(default_factory=list)
+    history: list[Message] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
 
 
 async def _areset(env: Any, seed: int) -> tuple[list[Message], dict[str, Any]]:
@@ -257,7 +270,7 @@ class RolloutManager:
         out = _label(trajs, p.reward, f"{group_id}/{index}", p.status, p.error, p.truncated, p.turns)
         return Episode(
             seed, group_id, p.reward, out, p.status, p.error, p.turns, attempt + 1, p.completion, p.truncated,
-            p.cause, p.turn_rewards,
+            p.cause, p.turn_rewards, [m.model_dump(exclude_none=True) for m in p.history], p.finish_reasons,
         )  # fmt: skip
 
     async def _play(self, env: Any, sid: str, p: _Play, coords: tuple[int, int, float, int, int]) -> None:
@@ -268,7 +281,7 @@ class RolloutManager:
         messages, _ = await _areset(env, seed)
         limit = turn_limit(self.max_turns, env)
         tools = list(env.tools) or None
-        history: list[Message] = list(messages)
+        history = p.history = list(messages)
         done = False
         while not done and p.turns < limit:
             sampling = SamplingParams.model_validate(
@@ -288,6 +301,7 @@ class RolloutManager:
             p.phase = "env"
             p.turns += 1
             p.completion += res.completion_tokens
+            p.finish_reasons.append(res.finish_reason)
             obs, r, terminated, trunc, _ = await _astep(env, res.message)
             p.reward += float(r)
             p.turn_rewards.append(float(r))
@@ -325,15 +339,17 @@ class RolloutManager:
         self, seed: int, group_id: str, index: int, temperature: float, salt: int = 0
     ) -> Episode:
         """One episode with infrastructure retries; a final failure returns ``status="infra_error"``."""
-        last = ""
+        last, t0 = "", time.perf_counter()
         for attempt in range(self.max_infra_retries + 1):
             try:
-                return await asyncio.wait_for(
+                ep = await asyncio.wait_for(
                     self._episode_once(seed, group_id, index, temperature, attempt, salt),
                     # the attempt keeps the episode's deadline itself (an agent's process group is killed
                     # there); the margin leaves time to close the session and env and score the outcome
                     self.episode_timeout_s + _WIND_DOWN_S,
                 )
+                ep.seconds = time.perf_counter() - t0
+                return ep
             except ConfigError:  # the run's settings do not fit the env: fail fast, not an infra failure
                 raise
             except TimeoutError as e:  # the episode's deadline during the env's phase, or the backstop's
@@ -344,7 +360,10 @@ class RolloutManager:
                 last = f"{type(e).__name__}: {e}"
                 if _is_bug(e):
                     last += "\n" + traceback.format_exc(limit=3)
-        return Episode(seed, group_id, 0.0, [], "infra_error", last, attempts=self.max_infra_retries + 1)
+        return Episode(
+            seed, group_id, 0.0, [], "infra_error", last, attempts=self.max_infra_retries + 1,
+            seconds=time.perf_counter() - t0,
+        )  # fmt: skip
 
     # ------------------------------------------------------------ groups
 
@@ -409,6 +428,7 @@ def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutRes
     counts: Counter[str] = Counter()
     errors: list[str] = []
     dropped: list[int] = []
+    lost: list[list[Episode]] = []
     for group in played:
         for e in group:
             counts[f"episodes_{e.status}"] += 1
@@ -422,6 +442,7 @@ def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutRes
         else:
             counts["groups_dropped"] += 1
             dropped += [group[0].seed] if group else []
+            lost.append(list(group))
     done = [e for g in groups for e in g]
     n = max(len(done), 1)
     metrics = {
@@ -440,7 +461,7 @@ def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutRes
         **{f"rollout/{key}": float(counts[key]) for key in _CAUSES.values()},
         "rollout/segments_per_episode": sum(len(e.trajectories) for e in done) / n,
     }
-    return RolloutResult(groups, metrics, errors[:1], dropped)
+    return RolloutResult(groups, metrics, errors[:1], dropped, lost)
 
 
 _SUMMED = {
@@ -479,7 +500,10 @@ def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> 
     if "rollout/groups_dropped_frac" in metrics:
         lost = metrics.get("rollout/groups_dropped", 0.0)
         metrics["rollout/groups_dropped_frac"] = lost / max(metrics.get("rollout/groups", 0.0) + lost, 1.0)
-    return RolloutResult(groups, metrics, errors[:1], sorted(t for p in parts for t in p.dropped))
+    return RolloutResult(
+        groups, metrics, errors[:1], sorted(t for p in parts for t in p.dropped),
+        [g for p in parts for g in p.dropped_groups],
+    )  # fmt: skip
 
 
 def _label(trajs: list[Trajectory], reward: float, episode_id: str, status: str, error: str | None,

@@ -48,9 +48,11 @@ __all__ = [
     "Runtime",
     "StartParts",
     "build_runtime",
+    "env_server_metrics",
     "evaluate",
     "make_env_factory",
     "play_eval",
+    "replica_metrics",
     "resolve_run_dir",
     "seed_everything",
     "start_run_dir",
@@ -421,3 +423,32 @@ def _same_model(served: str, local: str) -> bool:
         return Path(resolve(served)).resolve() == Path(resolve(local)).resolve()
     except Exception:  # noqa: BLE001 - a name only the server can resolve is simply not equal
         return False
+
+
+def replica_metrics(engine: Any, ranks: Ranks) -> dict[str, float]:
+    """Engine replicas (``--ray --engines N``): restarts so far, session-affinity hits, replicas in
+    service and replicas that served requests (counts since the replica started), summed over the
+    trainer ranks (each owns its share of the replicas; a collective when there are several)."""
+    from agentrl.engines.replicas import ReplicaEngine
+
+    if not isinstance(engine, ReplicaEngine):
+        return {}
+    s = engine.stats()
+    row = {
+        "engines/restarts": float(s["restarts"]),
+        "engines/affinity_hits": float(s["affinity_hits"]),
+        "engines/sessions_placed": float(s["affinity_misses"]),
+        "engines/live": float(sum(r["live"] for r in s["replicas"])),
+        "engines/serving": float(sum(r["requests"] > 0 for r in s["replicas"])),
+    }
+    return dict(zip(row, ranks.all_sum(list(row.values())), strict=True))
+
+
+def env_server_metrics(server: Any, ranks: Ranks) -> dict[str, float]:
+    """Env servers on Ray (``--env-servers N``): restarts so far and servers in the rotation, summed over
+    the trainer ranks (a collective when there are several)."""
+    stats = getattr(server, "env_stats", None)
+    row = stats() if stats is not None else None
+    if not row:
+        return {}
+    return dict(zip(row, ranks.all_sum(list(row.values())), strict=True))
