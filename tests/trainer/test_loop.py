@@ -12,6 +12,7 @@ import pytest
 import torch
 from rich.console import Console
 
+import agentrl.rollouts
 from agentrl.envs import make
 from agentrl.trainer.config import resolve
 from agentrl.trainer.loop import train
@@ -308,3 +309,9 @@ def test_a_dropped_group_is_counted_and_its_task_id_written_to_tasks_jsonl(tmp_p
     (row,) = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     assert row["rollout/groups_dropped"] == 1 and row["rollout/groups_dropped_frac"] == 0.5
     assert read_jsonl(tmp_path / "run" / "tasks.jsonl") == [{"step": 1, "tasks": [0], "dropped": [1]}]
+    # the rollout store keeps the dropped group's episodes too, with their infrastructure error
+    t = agentrl.rollouts.load(tmp_path / "run", kind="train").to_pandas().set_index("key")
+    assert sorted(t.index) == ["train/1/s0/0", "train/1/s0/1", "train/1/s1/0", "train/1/s1/1"]
+    assert list(t.loc[["train/1/s1/0", "train/1/s1/1"], "fate"]) == ["dropped", "dropped"]
+    assert all("env process died" in e for e in t.loc[["train/1/s1/0", "train/1/s1/1"], "error"])
+    assert list(t.loc[["train/1/s0/0", "train/1/s0/1"], "fate"]) == ["trained", "trained"]
