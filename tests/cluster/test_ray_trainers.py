@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import agentrl.rollouts
+
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'agentrl[ray]')")
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -97,6 +99,9 @@ def test_two_trainer_ranks_and_two_replicas_train_countdown(tmp_path: Path) -> N
     assert (run / "engine-0.log").exists() and (run / "engine-1.log").exists()
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["v2", "v3"]  # rank 0 writes, keeps 2
     assert sorted(p.name for p in (run / "ranks").iterdir()) == ["rank-0.pid", "rank-1.pid"]
+    # rank 0's actor wrote one store with both ranks' episodes of every step
+    store = agentrl.rollouts.load(run, kind="train").to_pandas()
+    assert store.groupby("step").size().to_dict() == {1: 4, 2: 4, 3: 4} and store.key.is_unique
     assert _gone_within(30) == []
 
 

@@ -19,6 +19,8 @@ import httpx
 import pytest
 from rich.console import Console
 
+import agentrl.rollouts
+
 sys.path.insert(0, str(Path(__file__).parent))
 from _scripted import ScriptedEngine  # noqa: E402
 
@@ -308,6 +310,10 @@ def test_train_through_the_agents_sdk_agent(tmp_path):
     assert s.eval_start is not None and s.eval_end is not None
     assert len(list((tmp_path / "agents" / "step-0").glob("*.log"))) == 4
     assert list((tmp_path / "agents" / "eval").glob("*.log"))
+    # an agent program's episodes are stored from their tokens (the program keeps its own messages)
+    store = agentrl.rollouts.load(tmp_path, kind="train").to_pandas()
+    assert len(store) == 4 and store.messages.isna().all() and (store.fate == "trained").all()
+    assert all(len(r.pieces) == len(r.token_ids) and r.loss_mask.sum() > 0 for r in store.itertuples())
 
 
 class _Replies:

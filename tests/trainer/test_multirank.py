@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import agentrl.rollouts
 from agentrl.cli import main
 from agentrl.trainer.metrics import read_jsonl
 
@@ -128,6 +129,12 @@ def test_two_ranks_train_like_one_process(warm_model, tmp_path):
     e2 = [r for r in rows2 if r["kind"] == "eval"]
     assert e2[0]["eval/episodes"] == e1[0]["eval/episodes"] == 8.0  # 4 seeds on each rank, reduced
     assert e2[0]["eval/reward"] == e1[0]["eval/reward"]
+    # one store, rank 0's, holds both ranks' episodes: the same as the single process's
+    s1, s2 = (agentrl.rollouts.load(d).to_pandas().set_index("key").sort_index() for d in (one, two))
+    assert list(s2.index) == list(s1.index) and s2.token_ids.map(list).equals(s1.token_ids.map(list))
+    assert (s2[s2.kind == "train"].fate == "trained").all()
+    trained = s2[s2.kind == "train"]
+    assert all(len(r.train_logprobs) == len(r.token_ids) for r in trained.itertuples())
 
     start = load_file(str(warm_model / "model.safetensors"))
     w1 = load_file(str(one / "checkpoints" / "step-1" / "model.safetensors"))

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from rich.console import Console
 
+import agentrl.rollouts
 from agentrl.engines.hf import HFEngine
 from agentrl.errors import ConfigError
 from agentrl.httpkit import BackgroundServer
@@ -124,6 +125,10 @@ def test_train_through_a_session_server(
     assert served[1] == pytest.approx(final[1], abs=1e-4)
     assert served[1] != pytest.approx(initial[1], abs=1e-4)
     assert summary.eval_start is not None and summary.eval_end is not None
+    # the store holds the steps' episodes, played on the server, with the server's per-token numbers
+    store = agentrl.rollouts.load(tmp_path / "run", kind="train").to_pandas()
+    assert sorted(store.step.unique()) == [1, 2] and len(store) == trained
+    assert all(r.loss_mask.sum() > 0 and (r.logprobs[r.loss_mask > 0] < 0).all() for r in store.itertuples())
 
 
 def test_inprocess_sync_with_a_session_url_is_a_config_error(capsys, tmp_path) -> None:
