@@ -26,6 +26,7 @@ from agentrl import configlib
 from agentrl.configlib import fail as _fail
 from agentrl.trainer.algo_config import AlgoConfig
 from agentrl.trainer.cluster_config import ClusterConfig, check_ray
+from agentrl.trainer.loggers import log_targets
 
 if TYPE_CHECKING:
     from agentrl.envs import EnvSpec
@@ -261,8 +262,10 @@ class RunConfig:
     """inprocess (copy tensors), disk (safetensors + reload), broadcast (torch.distributed); auto = disk with session_url, else inprocess"""
     tensorboard: bool = True
     """also write TensorBoard event files"""
+    log: list[str] = field(default_factory=list, metadata={"metavar": "wandb|mlflow"})
+    """also log metrics and a sampled rollout table to these trackers: wandb, mlflow (comma-separated or repeated; each needs its extra, docs/training.md "Where metrics go")"""
     wandb: bool = False
-    """also log to Weights & Biases (needs the wandb extra)"""
+    """deprecated: the same as --log wandb (kept for old commands and config files)"""
     progress: bool = True
     """show a rich progress bar"""
 
@@ -276,6 +279,7 @@ class RunConfig:
             from agentrl.rollouts.rows import parse_save_rule
 
             parse_save_rule(self.save_rollouts)
+        object.__setattr__(self, "log", log_targets(self.log, wandb=self.wandb))  # "a,b" split, checked
 
 
 @dataclass(frozen=True)

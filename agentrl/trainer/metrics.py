@@ -1,8 +1,9 @@
-"""Run metrics: JSONL (always), TensorBoard and wandb (optional), the end-of-run plot and table.
+"""Run metrics: JSONL (always), TensorBoard, W&B and MLflow (optional), the end-of-run plot and table.
 
 Each record is one train step (``kind="train"``), an evaluation (``kind="eval"``)
 or the warm start (``kind="sft"``), with a flat ``{name: float}`` dict. The JSONL
 file is the source of truth; :func:`plot` and :func:`summary_table` read it back.
+The trackers (``--tensorboard``, ``--log wandb,mlflow``) are in :mod:`agentrl.trainer.loggers`.
 """
 
 from __future__ import annotations
@@ -10,39 +11,42 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from agentrl.trainer.loggers import Tracker, log_targets, make_trackers, table_rows
 
 __all__ = ["MetricsLogger", "plot", "read_jsonl", "summary_table"]
 
 
 class MetricsLogger:
+    """``RUN_DIR/metrics.jsonl`` and ``tasks.jsonl``, and every record handed on to the run's trackers.
+
+    ``log`` names the trackers beside TensorBoard (``"wandb"``, ``"mlflow"``; ``run.log``);
+    ``wandb=True`` is the deprecated spelling of ``log=["wandb"]``. ``config`` (the resolved
+    config as a dict) becomes the W&B config and the MLflow params. ``table_size`` bounds
+    each :meth:`rollout_table`.
+    """
+
     def __init__(
         self,
         run_dir: str | Path,
         *,
         tensorboard: bool = True,
+        log: Sequence[str] = (),
         wandb: bool = False,
         config: dict[str, Any] | None = None,
+        table_size: int = 8,
     ) -> None:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
+        self.table_size = table_size
+        self.trackers: list[Tracker] = make_trackers(
+            self.dir, tensorboard=tensorboard, log=log_targets(log, wandb=wandb), config=config or {}
+        )
         self._f = self.path.open("a")
-        self._tb: Any = None
-        self._wandb: Any = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.dir / "tensorboard"))
-        if wandb:
-            try:
-                import wandb as wb
-            except ImportError as e:
-                from agentrl.errors import ConfigError
-
-                raise ConfigError("--wandb needs the wandb package: pip install 'agentrl[wandb]'") from e
-            self._wandb = wb.init(project="agentrl", dir=str(self.dir), config=config or {})
 
     def log(self, kind: str, step: int, values: dict[str, float]) -> None:
         clean = {
@@ -50,11 +54,23 @@ class MetricsLogger:
         }
         self._f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **clean}) + "\n")
         self._f.flush()
-        if self._tb is not None:
-            for k, v in clean.items():
-                self._tb.add_scalar(f"{kind}/{k}" if "/" not in k else k, v, step)
-        if self._wandb is not None:
-            self._wandb.log({f"{kind}/{k}": v for k, v in clean.items()}, step=step)
+        for t in self.trackers:
+            t.log(kind, step, clean)
+
+    def rollout_table(self, kind: str, step: int, rows: list[dict[str, Any]]) -> None:
+        """A sample of step ``step``'s episodes to the trackers (not to the JSONL; the rollout store keeps them all).
+
+        ``rows`` are episode rows of the rollout store (``agentrl/rollouts/schema.py``; at least
+        ``task_id``, ``group_id``, ``episode_index``, ``reward``, ``advantage``, ``fate``, ``status``,
+        ``turns``, ``error``, ``messages``); the first ``table_size`` of them, whole groups first
+        (:func:`agentrl.trainer.loggers.sample_rows`), go out with the conversation rendered as
+        ``role: content`` text. Nothing happens without a tracker or without rows.
+        """
+        if not self.trackers or not rows:
+            return
+        table = table_rows(step, rows, self.table_size)
+        for t in self.trackers:
+            t.rollout_table(kind, step, table)
 
     def tasks(self, step: int, task_ids: list[int], dropped: list[int] | None = None) -> None:
         """Record the task ids a train step trained on, and those whose group it dropped after
@@ -68,10 +84,8 @@ class MetricsLogger:
 
     def close(self) -> None:
         self._f.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        for t in self.trackers:
+            t.close()
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
