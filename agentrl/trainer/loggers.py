@@ -70,7 +70,8 @@ class Tracker(Protocol):
 def log_targets(given: Iterable[str], *, wandb: bool = False) -> list[str]:
     """``run.log`` as a list of :data:`LOG_TARGETS`: comma-separated items split, duplicates dropped,
     ``"wandb"`` added for the deprecated ``wandb=True``; an unknown name is a ConfigError naming it."""
-    targets = [t.strip() for item in given for t in item.split(",") if t.strip()]
+    items = [given] if isinstance(given, str) else given  # "wandb,mlflow" alone, not its letters
+    targets = [t.strip() for item in items for t in item.split(",") if t.strip()]
     for t in targets:
         if t not in LOG_TARGETS:
             fail(

@@ -18,7 +18,7 @@ import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.trainer import config as C
-from agentrl.trainer.loggers import render_conversation, sample_rows
+from agentrl.trainer.loggers import log_targets, render_conversation, sample_rows
 from agentrl.trainer.metrics import MetricsLogger, read_jsonl
 
 CONVERSATION = [
@@ -119,6 +119,7 @@ def test_log_takes_a_comma_list_or_repeats_and_round_trips(tmp_path):
 
 def test_the_deprecated_wandb_flag_means_log_wandb():
     assert _parse(["--wandb"]).run.log == ["wandb"]
+    assert log_targets("mlflow", wandb=True) == ["mlflow", "wandb"]  # MetricsLogger(wandb=True) too
     assert _parse(["--wandb", "--log", "mlflow,wandb"]).run.log == ["mlflow", "wandb"]
 
 
