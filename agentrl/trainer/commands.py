@@ -9,6 +9,7 @@ directory or model name) and evaluates on the held-out seeds: greedy, and pass@k
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -65,7 +66,9 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
     run_dir = start_run_dir(cfg)
     seed_everything(cfg.run.seed)
     rt = build_runtime(cfg, run_dir=run_dir, start_parts=start_parts)
-    log = MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard)
+    log = MetricsLogger(
+        run_dir, tensorboard=cfg.run.tensorboard, log=cfg.run.log, config=dataclasses.asdict(cfg)
+    )
     t0 = time.perf_counter()
     try:
         sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run)

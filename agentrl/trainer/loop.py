@@ -44,7 +44,7 @@ from agentrl.trainer.checkpoint import REFERENCE, load_reference, reference_of, 
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.evaluation import describe
-from agentrl.trainer.metrics import MetricsLogger, plot, summary_table
+from agentrl.trainer.metrics import MetricsLogger, NullLogger, plot, summary_table
 from agentrl.trainer.refill import refill
 from agentrl.trainer.rollout import RolloutResult, merge_results
 from agentrl.trainer.runtime import (
@@ -86,7 +86,7 @@ class _Run:
     rt: Runtime
     be: FSDP2Backend
     sync: WeightSync
-    log: MetricsLogger | _NoLog
+    log: MetricsLogger | NullLogger
     console: Any
     progress: Any
     run_dir: Path
@@ -158,6 +158,7 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
                 }
                 if run.store is not None and record is not None:
                     row.update(run.store.train(step + 1, res, record, version))
+                    run.log.rollout_table("train", step + 1, run.store.last_rows)
                 _log_eval_checkpoint(run, step + 1, row, task, res)
             _eval_end(run)
         summary = _finish(run)
@@ -207,12 +208,12 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
         share_prompts=cfg.model.share_prompts,
         temperature=cfg.rollout.temperature,  # the trainer scores tokens under what the engine sampled
     )
-    log: MetricsLogger | _NoLog = (
+    log: MetricsLogger | NullLogger = (
         MetricsLogger(
-            run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb, config=dataclasses.asdict(cfg)
+            run_dir, tensorboard=cfg.run.tensorboard, log=cfg.run.log, config=dataclasses.asdict(cfg)
         )
         if ranks.main
-        else _NoLog()
+        else NullLogger()
     )
     progress = progress_bar(console, enabled=cfg.run.progress and ranks.main)
     return _Run(cfg, rt, be, sync, log, console, progress, run_dir, RunSummary(str(run_dir)), t_start)
@@ -260,19 +261,6 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
         raise ConfigError(
             f"run.sft_batch_size={cfg.run.sft_batch_size}: needs at least one row per rank ({world})"
         )
-
-
-class _NoLog:
-    """The metrics sink of ranks other than 0."""
-
-    def log(self, kind: str, step: int, values: dict[str, float]) -> None:
-        pass
-
-    def tasks(self, step: int, task_ids: list[int], dropped: list[int] | None = None) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 # ---------------------------------------------------------------- before the first step
@@ -341,6 +329,7 @@ def _evaluate(run: _Run, step: int, **kw: Any) -> dict[str, float]:
     ev = evaluate(run.rt, keep=keep, **kw)
     if run.store is not None and keep is not None:
         run.store.eval(step, keep)
+        run.log.rollout_table("eval", step, run.store.last_rows)
     return ev
 
 

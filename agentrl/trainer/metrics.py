@@ -17,7 +17,7 @@ from typing import Any
 
 from agentrl.trainer.loggers import Tracker, log_targets, make_trackers, table_rows
 
-__all__ = ["MetricsLogger", "plot", "read_jsonl", "summary_table"]
+__all__ = ["MetricsLogger", "NullLogger", "plot", "read_jsonl", "summary_table"]
 
 
 class MetricsLogger:
@@ -86,6 +86,22 @@ class MetricsLogger:
         self._f.close()
         for t in self.trackers:
             t.close()
+
+
+class NullLogger:
+    """The metrics sink of ranks other than 0: :class:`MetricsLogger`'s calls, doing nothing."""
+
+    def log(self, kind: str, step: int, values: dict[str, float]) -> None:
+        pass
+
+    def tasks(self, step: int, task_ids: list[int], dropped: list[int] | None = None) -> None:
+        pass
+
+    def rollout_table(self, kind: str, step: int, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

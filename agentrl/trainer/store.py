@@ -38,6 +38,8 @@ class RunStore:
         self.rule, self.env = rule, env
         self.writer = RolloutWriter(run_dir, resume_step=resume_step)
         self.decode = PieceDecoder(tokenizer)
+        self.last_rows: list[dict[str, Any]] = []
+        """the rows of the last write (the trackers' sampled rollout table reads them)"""
 
     def train(
         self, step: int, res: RolloutResult, record: Mapping[tuple[str, int], Any], trained_version: int
@@ -95,7 +97,7 @@ class RunStore:
         )  # fmt: skip
 
     def _write(self, kind: str, step: int, rows: list[dict[str, Any]], t0: float) -> dict[str, float]:
-        before = self.writer.bytes_written
+        before, self.last_rows = self.writer.bytes_written, rows
         self.writer.write(kind, step, rows)
         return {
             "store/seconds": time.perf_counter() - t0,

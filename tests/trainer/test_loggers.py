@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import struct
 import sys
 from pathlib import Path
@@ -352,3 +353,31 @@ def test_mlflow_honours_the_tracking_uri_from_the_environment(offline, monkeypat
     log.log("train", 1, {"rollout/reward": 0.5})
     log.close()
     assert not (offline / "mlruns").exists() and any(store.iterdir())
+
+
+@pytest.mark.slow
+def test_a_training_run_sends_the_stored_episodes_to_mlflow(offline):
+    """`agentrl train --log mlflow`: the metrics of every step, and each step's table made from the
+    rows the rollout store wrote (the same keys, rewards and fates)."""
+    from rich.console import Console
+
+    import agentrl.rollouts
+    from agentrl.trainer.config import resolve
+    from agentrl.trainer.loop import train
+
+    cfg = resolve(
+        model="tiny-qwen3", group_size=2, tasks_per_step=2, max_new_tokens=6, eval_episodes=2, sft_steps=2,
+        sft_batch_size=4, eval_every=0, progress=False, tensorboard=False, steps=2, log=["mlflow"],
+        run_dir=str(offline),
+    )  # fmt: skip
+    train(cfg, console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
+    client, run_id = _mlflow_run(offline)
+    assert [m.step for m in client.get_metric_history(run_id, "train/rollout/reward")] == [1, 2]
+    store = agentrl.rollouts.load(offline, kind="train").to_pandas()
+    for step in (1, 2):
+        rows = _table(client, run_id, f"rollouts/train/step-{step:06d}.json")
+        want = store[store.step == step]
+        assert [(r["group_id"], r["reward"], r["fate"]) for r in rows] == list(
+            zip(want.group_id, want.reward, want.fate, strict=True)
+        )
+    assert _table(client, run_id, "rollouts/eval/step-000000.json")
