@@ -114,6 +114,7 @@ def _eval(args: argparse.Namespace, start_parts: StartParts | None = None) -> in
 
     from agentrl.trainer.config import advisories
     from agentrl.trainer.runtime import build_runtime, evaluate
+    from agentrl.trainer.store import RunStore, save_rule
 
     cfg = _resolve(args)
     r = cfg.rollout
@@ -121,8 +122,12 @@ def _eval(args: argparse.Namespace, start_parts: StartParts | None = None) -> in
     for note in advisories(cfg):
         console.print(f"[yellow]note:[/] {note}")
     rt = build_runtime(cfg, start_parts=start_parts)
+    rule = save_rule(cfg.run.save_rollouts)
+    keep: list[Any] | None = [] if cfg.run.run_dir and rule.enabled else None  # --run-dir: a store to view
     try:
-        ev = evaluate(rt)
+        ev = evaluate(rt, keep=keep)
+        if keep is not None:
+            RunStore(cfg.run.run_dir, rule, rt.tokenizer, r.env).eval(0, keep)
     finally:
         rt.close()
     sampled = f" and {r.eval_samples} sampled at temperature {r.temperature}" if r.eval_samples else ""

@@ -183,6 +183,12 @@ def test_eval_command_on_a_checkpoint(tmp_path, capsys):
     assert rc == 0, err
     assert "3 held-out seeds" in out and "reward" in out
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 1
+    # with --run-dir the evaluation's episodes are stored there (agentrl view reads them)
+    args = ["--model", s.final_model, "--eval-episodes", "3", "--eval-samples", "2", "--max-new-tokens", "4"]
+    rc, _, err = _cli(capsys, "eval", *args, "--run-dir", str(tmp_path / "ev"))
+    assert rc == 0, err
+    t = agentrl.rollouts.load(tmp_path / "ev").to_pandas()
+    assert len(t) == 3 * 3 and (t.kind == "eval").all() and (t.step == 0).all()
 
 
 def test_sft_command_saves_an_hf_model(tmp_path, capsys):
