@@ -6,13 +6,24 @@ Ray launchers here, so that ``agentrl.trainer`` never imports ``agentrl.cluster`
 libraries lazily so ``agentrl --help`` stays fast. Unknown subcommands and flags
 exit with code 2 and a message (argparse's convention); an :class:`AgentRLError`
 raised by a handler is printed without a traceback and exits with code 1.
+
+Ctrl-C unwinds the command (its engines, sandboxes, Ray actors are stopped on the way out) and
+exits with 130. That cleanup has a deadline (``AGENTRL_INTERRUPT_DEADLINE_S``, default 90 s): past
+it the command prints every thread's stack (where it is stuck), kills the processes it started
+(and theirs) and exits 130 anyway. ``kill -USR1``
+prints the stacks of a running command without stopping it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import importlib
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,9 +83,65 @@ def _train_on_ray(cfg: Any) -> Any:
     return train_on_ray(cfg)
 
 
+def _interrupt_deadline_s() -> float:
+    try:
+        return float(os.environ.get("AGENTRL_INTERRUPT_DEADLINE_S", "90"))
+    except ValueError:
+        return 90.0
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process below this one (Linux ``/proc``; best effort), children first found."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    todo, seen = list(children.get(os.getpid(), [])), []
+    while todo:
+        pid = todo.pop()
+        seen.append(pid)
+        todo += children.get(pid, [])
+    for pid in seen:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    """SIGINT: start the cleanup's deadline, then unwind as Python does (KeyboardInterrupt)."""
+    deadline = _interrupt_deadline_s()
+
+    def watchdog() -> None:
+        threading.Event().wait(deadline)
+        print(
+            f"agentrl: the cleanup after Ctrl-C did not finish in {deadline:g} s; the stacks of every "
+            "thread follow, then agentrl exits (130)",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            faulthandler.dump_traceback(file=2, all_threads=True)
+        _kill_descendants()  # what the cleanup would have stopped (engines, a local Ray, sandboxes)
+        os._exit(130)
+
+    if not any(t.name == "agentrl-interrupt-deadline" for t in threading.enumerate()):
+        threading.Thread(target=watchdog, name="agentrl-interrupt-deadline", daemon=True).start()
+    signal.default_int_handler(signum, frame)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_interrupt) if main_thread else None
+    if main_thread and hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # no real stderr (captured)
+            faulthandler.register(signal.SIGUSR1, file=2, all_threads=True, chain=True)
     try:
         return int(args.func(args) or 0)
     except AgentRLError as e:
@@ -83,6 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if (
+            previous is not None
+        ):  # main() called from Python (a test, a notebook) leaves its handler as it was
+            signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from agentrl import __version__
 from agentrl.cli import main
@@ -37,3 +38,53 @@ def test_unknown_flag_exits_2():
     r = _run("version", "--nope")
     assert r.returncode == 2
     assert "unrecognized arguments: --nope" in r.stderr
+
+
+def test_a_cleanup_stuck_after_ctrl_c_prints_the_stacks_and_exits_130_at_its_deadline(tmp_path):
+    """Ctrl-C starts the cleanup's deadline: a command whose cleanup hangs (here a `finally` that
+    sleeps) says so, prints where every thread is, and exits 130 instead of hanging."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "import agentrl.cli as cli\n"
+        "def hang(args):\n"
+        "    try:\n"
+        "        child = subprocess.Popen(['sleep', '600'])  # an engine, say\n"
+        "        print(child.pid, flush=True)\n"
+        "        time.sleep(600)\n"
+        "    finally:\n"
+        "        time.sleep(600)  # a cleanup that never ends\n"
+        "parser = cli.build_parser\n"
+        "def build():\n"
+        "    p = parser()\n"
+        "    p._subparsers._group_actions[0].choices['version'].set_defaults(func=hang)\n"
+        "    return p\n"
+        "cli.build_parser = build\n"
+        "sys.exit(cli.main(['version']))\n"
+    )
+    env = {**os.environ, "AGENTRL_INTERRUPT_DEADLINE_S": "2"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert time.monotonic() - t0 < 30
+    assert "the cleanup after Ctrl-C did not finish in 2 s" in err
+    assert "stuck.py" in err and "in hang" in err  # the frame it is stuck in, named
+    time.sleep(0.5)
+    state = Path(f"/proc/{child}/stat")
+    assert not state.exists() or state.read_text().split(") ")[1][0] == "Z", "the child outlived the command"
