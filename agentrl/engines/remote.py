@@ -23,13 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agentrl.engines.errors import EngineError, EngineTimeoutError, UnsupportedWeightUpdateError
+from agentrl.engines.errors import (
+    EngineError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    UnsupportedWeightUpdateError,
+)
 from agentrl.engines.http_client import HTTPEngineClient
 from agentrl.engines.protocol import EngineCapabilities
 from agentrl.engines.weight_groups import WeightGroupEngine
+from agentrl.httpkit import Answer
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +98,27 @@ class RemoteEngine(HTTPEngineClient, WeightGroupEngine):
             raise
         self._raise_for(resp, path)
         return resp.json()
+
+    async def _stream_generation(
+        self, path: str, body: Any, rid: str
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """POST one streamed generation; each server-sent event's JSON. A deadline, a cancelled
+        caller or one that stops reading before the end aborts it on the server."""
+        finished = False
+        events = self._http.stream_events(path, body)
+        try:
+            async for event in events:
+                if isinstance(event, Answer):
+                    self._raise_for(event, path)
+                    raise EngineUnavailableError(
+                        f"{self.base_url}{path} answered {event.status}: {event.text[:300]}"
+                    )
+                yield event
+            finished = True
+        finally:
+            await events.aclose()
+            if not finished:
+                await self._abort_quietly(rid)
 
     async def _abort_quietly(self, rid: str) -> None:
         with contextlib.suppress(EngineError, asyncio.CancelledError):

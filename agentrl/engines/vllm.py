@@ -49,7 +49,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -60,7 +60,7 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
-from agentrl.engines.protocol import FinishReason, Generation, check_prompt
+from agentrl.engines.protocol import FinishReason, Generation, TokenDelta, check_prompt
 from agentrl.engines.remote import RemoteEngine
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket
 from agentrl.httpkit import StatusMap
@@ -187,6 +187,54 @@ class VLLMEngine(RemoteEngine):
         submitted = self._version
         out = await self._post_generation("/inference/v1/generate", body, rid)
         return self._generation(out, rid, len(ids), submitted)
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
+    ) -> AsyncGenerator[TokenDelta | Generation, None]:
+        """:meth:`generate`, streamed (``stream: true``): a :class:`TokenDelta` per chunk vLLM sends
+        as it samples, then the :class:`Generation`. Closing the iterator early aborts the request."""
+        if self._broken is not None:
+            raise EngineUnavailableError(self._broken)
+        params = parse_sampling(sampling)
+        ids = check_prompt(
+            input_ids, params, vocab_size=self.vocab_size, max_context=self.max_context, whose="the model's"
+        )
+        rid = request_id or uuid.uuid4().hex
+        body: dict[str, Any] = {
+            "token_ids": ids, "request_id": rid, "sampling_params": to_vllm_sampling(params),
+            "stream": True, "stream_options": {"include_usage": True},
+        }  # fmt: skip
+        if self._salt is not None:
+            body["cache_salt"] = self._salt
+        submitted, path = self._version, "/inference/v1/generate"
+        out_ids: list[int] = []
+        content: list[dict[str, float]] = []
+        final: dict[str, Any] = {"finish_reason": None, "weight_versions": None}
+        usage: dict[str, Any] = {}
+        async for event in self._stream_generation(path, body, rid):
+            if "error" in event:  # vLLM reports a failure inside the stream
+                raise EngineUnavailableError(f"{self.base_url}{path}: {json.dumps(event['error'])[:500]}")
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or []:
+                try:
+                    toks = [int(t) for t in choice.get("token_ids") or []]
+                    lps = [float(c["logprob"]) for c in (choice.get("logprobs") or {}).get("content") or []]
+                except (KeyError, TypeError, ValueError) as e:
+                    raise EngineUnavailableError(
+                        f"{self.base_url}{path}: malformed stream chunk ({e})"
+                    ) from e
+                if len(lps) != len(toks):
+                    raise EngineUnavailableError(
+                        f"{self.base_url}{path}: a stream chunk carried {len(toks)} ids but {len(lps)} logprobs"
+                    )
+                if toks:
+                    out_ids += toks
+                    content += [{"logprob": x} for x in lps]
+                    yield TokenDelta(toks, lps)
+                for key in ("finish_reason", "weight_versions"):
+                    final[key] = choice.get(key) or final[key]
+        choice = {"token_ids": out_ids, "logprobs": {"content": content}, **final}
+        yield self._generation({"choices": [choice], "usage": usage}, rid, len(ids), submitted)
 
     def _generation(self, out: dict[str, Any], rid: str, prompt_len: int, submitted: int) -> Generation:
         """The answer as a ``Generation``: vLLM's spans label their tokens; any token outside them, or all

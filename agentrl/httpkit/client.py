@@ -20,6 +20,12 @@ The env, session and engine clients (``RemoteEnv``, ``AsyncSessionClient``, ``SG
   ``run_sync``'s fresh ones, and the pool of a loop that has closed is dropped. Sync calls use
   one ``httpx.Client``.
 
+- **Streams.** :meth:`stream_events` POSTs a request whose answer is server-sent events and
+  yields each event's JSON as it arrives (OpenAI-style ``data: {...}`` lines up to ``data: [DONE]``),
+  under the same deadlines (``timeout_s`` bounds the whole stream), retrying only what never
+  reached the server; an error answer is returned as the first item's :class:`Answer` for the
+  caller to raise.
+
 Two async transports, one policy: ``httpx.AsyncClient`` (headers, ``max_connections``), or with
 ``fast=True`` one :class:`~agentrl.httpkit.http1.Http1Connection` per loop, a lean keep-alive
 HTTP/1.1 connection for a caller that sends one request at a time (an env episode): it costs a
@@ -32,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
@@ -179,6 +185,68 @@ class HTTPClient:
                 return answer
             await asyncio.sleep(self._delay(attempt, outcome))
         raise AssertionError("unreachable")
+
+    async def stream_events(
+        self, path: str, body: Any, *, timeout_s: float | None = None
+    ) -> AsyncGenerator[Answer | Any, None]:
+        """POST ``body`` and yield each server-sent event's JSON until ``[DONE]`` or the end of the
+        answer; an answer that is not ``200`` is yielded once as its :class:`Answer` instead.
+
+        The whole stream has the deadline ``timeout_s`` (the client's when None); a connection
+        that could not be opened is retried like any request, nothing after it. Closing the
+        generator closes the connection (the server sees the client go).
+        """
+        deadline = timeout_s or self.timeout_s
+        where = f"POST {self.base_url}{path}"
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
+        for attempt in range(self.retries + 1):
+            pool = self._loop_pool()
+            assert isinstance(pool, httpx.AsyncClient), "stream_events needs the httpx transport (fast=False)"
+            # no asyncio.timeout around the yields: a consumer may await each item in its own task
+            # (asyncio.wait_for); each read has httpx's deadline, the whole stream is checked per event
+            timeout = httpx.Timeout(max(end - loop.time(), 0.001), connect=self.connect_timeout_s)
+            try:
+                req = pool.build_request("POST", path, json=body, timeout=timeout)
+                resp = await pool.send(req, stream=True)
+            except httpx.HTTPError as e:
+                outcome = _httpx_failure(e)
+                if outcome.kind in _NOTHING_SENT and attempt < self.retries:
+                    await asyncio.sleep(self._delay(attempt, outcome))
+                    continue
+                raise self.on_failure(
+                    Failure(where, outcome.kind, outcome.name, e, attempt + 1, deadline, False)
+                ) from e
+            try:
+                if resp.status_code != 200:
+                    yield Answer(resp.status_code, await resp.aread(), resp.headers.get("retry-after", ""))
+                    return
+                async for line in resp.aiter_lines():
+                    if loop.time() > end:
+                        late = TimeoutError(f"the stream ran past its deadline of {deadline:g} s")
+                        raise self.on_failure(
+                            Failure(where, "timeout", "StreamTimeout", late, attempt + 1, deadline, False)
+                        )
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    try:
+                        event = json.loads(data)
+                    except json.JSONDecodeError as e:
+                        raise self.on_failure(
+                            Failure(where, "transport", "MalformedEvent", e, attempt + 1, deadline, False)
+                        ) from e
+                    yield event
+                return
+            except httpx.HTTPError as e:
+                outcome = _httpx_failure(e)
+                raise self.on_failure(
+                    Failure(where, outcome.kind, outcome.name, e, attempt + 1, deadline, False)
+                ) from e
+            finally:
+                await resp.aclose()
 
     def request_sync(
         self,

@@ -261,6 +261,59 @@ def test_session_ledger_over_vllm_keeps_the_sampled_tokens(engine: VLLMEngine) -
     assert versions == [v for g in returned for v in g.weight_versions]
 
 
+def test_vllm_streams_tokens_as_it_samples_them_exactly_as_it_generates(engine: VLLMEngine) -> None:
+    """``generate_stream``: several deltas (not one at the end), whose concatenation, logprobs and
+    versions equal a seeded ``generate`` of the same request; a streamed chat turn through the
+    session server reaches the client in more than one chunk; closing a stream early aborts the
+    request on the server (the engine keeps serving)."""
+    from agentrl.engines.protocol import TokenDelta
+
+    prompt = load_tokenizer("tiny").encode("Count to twenty: one, two, three,")
+    sp = SamplingParams(max_new_tokens=48, temperature=1.0, seed=7, ignore_eos=True)
+
+    async def both() -> tuple[list[Any], Generation]:
+        items = [item async for item in engine.generate_stream(prompt, sp)]
+        return items, await engine.generate(prompt, sp)
+
+    items, plain = run_sync(both(), timeout_s=120, what="streamed and plain generation")
+    deltas, final = [i for i in items if isinstance(i, TokenDelta)], items[-1]
+    assert isinstance(final, Generation) and len(deltas) > 1
+    assert [t for d in deltas for t in d.output_ids] == final.output_ids == plain.output_ids
+    assert final.logprobs == pytest.approx(plain.logprobs, abs=1e-4)
+    assert final.weight_versions == plain.weight_versions and final.finish_reason == "length"
+
+    # through the session server: a streamed chat turn reaches the client in several chunks
+    openai = pytest.importorskip("openai")
+    from agentrl.httpkit import BackgroundServer
+    from agentrl.session.manager import SessionManager
+    from agentrl.session.server import create_app
+
+    manager = SessionManager(load_tokenizer("tiny"), engine, model_name="tiny")
+    with BackgroundServer(create_app(manager, default_max_tokens=48)) as srv:
+        sid = str(httpx.post(f"{srv.url}/sessions", timeout=30).json()["id"])
+        client = openai.OpenAI(
+            base_url=f"{srv.url}/sessions/{sid}/v1", api_key="x", max_retries=0, timeout=60
+        )
+        chunks = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Count to twenty."}], max_tokens=48,
+            temperature=1.0, seed=3, stream=True,
+        )  # fmt: skip
+        texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) > 1
+
+    async def close_early() -> Generation:
+        stream = engine.generate_stream(prompt, SamplingParams(max_new_tokens=3000, ignore_eos=True))
+        async for item in stream:
+            assert isinstance(item, TokenDelta)
+            break
+        await stream.aclose()  # the client went away: the server aborts the request
+        return await engine.generate(prompt, SamplingParams(max_new_tokens=4))
+
+    t0 = time.monotonic()
+    after = run_sync(close_early(), timeout_s=120, what="a stream closed early")
+    assert len(after.output_ids) == 4 and time.monotonic() - t0 < 60  # not queued behind 3000 tokens
+
+
 def test_kill_9_of_the_launcher_leaves_no_engine_process(tmp_path: Path) -> None:
     if _vllm_python() is None:
         pytest.skip("vLLM is not set up (scripts/setup.sh --vllm)")

@@ -47,6 +47,22 @@ def url() -> Iterator[str]:
     async def missing() -> Response:
         return Response('{"detail": "no such thing"}', status_code=404, media_type="application/json")
 
+    @app.post("/events")
+    async def events(request: Request) -> Response:
+        from fastapi.responses import StreamingResponse
+
+        body = await request.json()
+
+        async def gen():  # noqa: ANN202
+            for i in range(body["n"]):
+                yield f'data: {{"i": {i}}}\n\n'
+                await asyncio.sleep(body.get("pause", 0.0))
+            yield "data: not json\n\n" if body.get("malformed") else "data: [DONE]\n\n"
+
+        if body.get("refuse"):
+            return Response('{"message": "no"}', status_code=400, media_type="application/json")
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
     with BackgroundServer(app, name="client test server") as srv:
         yield srv.url
 
@@ -100,3 +116,28 @@ def test_one_pool_per_event_loop_and_sync_calls(url: str) -> None:
     assert pools[0] is not pools[1] and len(http._pools) == 1
     assert http.request_sync("GET", "/missing", check=False).status == 404
     http.close()
+
+
+def test_stream_events_yields_each_event_as_it_comes_under_a_deadline(url: str) -> None:
+    client = _client(url)
+
+    async def collect(body: dict, timeout_s: float | None = None) -> tuple[list, list[float]]:
+        loop, got, at = asyncio.get_running_loop(), [], []
+        t0 = loop.time()
+        async for event in client.stream_events("/events", body, timeout_s=timeout_s):
+            got.append(event)
+            at.append(loop.time() - t0)
+        return got, at
+
+    got, at = asyncio.run(collect({"n": 3, "pause": 0.3}))
+    assert got == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert at[0] < at[2] - 0.4  # the first event arrived before the last was sent, not all at the end
+    (answer,) = asyncio.run(collect({"n": 1, "refuse": True}))[0]
+    assert answer.status == 400 and answer.json() == {"message": "no"}  # the caller raises its own error
+    with pytest.raises(Failed, match="transport"):
+        asyncio.run(collect({"n": 1, "malformed": True}))
+    with pytest.raises(Failed, match="timeout") as e:
+        asyncio.run(collect({"n": 10, "pause": 0.3}, timeout_s=0.5))
+    assert e.value.failure.kind == "timeout"
+    with pytest.raises(Failed, match="connect after 3 attempts"):
+        asyncio.run(_client(_free_url()).stream_events("/events", {"n": 1}).__anext__())
