@@ -39,6 +39,7 @@ COMMAND_MODULES = (
     "agentrl.engines.commands",
     "agentrl.session.commands",
     "agentrl.trainer.commands",
+    "agentrl.viewer.commands",
 )
 
 

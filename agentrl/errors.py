@@ -20,7 +20,8 @@ branch in its ``errors.py``::
     ├── SandboxError             (agentrl.sandbox) backend unavailable, limits, bad input
     ├── EngineError              (agentrl.engines) bad request, engine failure, deadline
     ├── SessionError             (agentrl.session) template, divergence, unknown session
-    └── TrainerError             (agentrl.trainer) rollout, backend, checkpoint failures
+    ├── TrainerError             (agentrl.trainer) rollout, backend, checkpoint failures
+    └── ViewerError              (agentrl.viewer, ValueError) a run directory that is none, a bad query
 
 Deliberate raises of bare builtins (``ValueError``, ``RuntimeError``, ...) are not allowed in
 ``agentrl/``; a class here subclasses the builtin it replaces where callers may catch that

@@ -2,7 +2,8 @@
 # System packages and services the test suite needs. Safe to run twice; fast when all is in place.
 #
 # 1. Debian packages (apt, only those missing): bubblewrap (process sandbox), docker.io (engine +
-#    CLI), busybox-static and python3 (the offline sandbox image is built from them).
+#    CLI), busybox-static and python3 (the offline sandbox image is built from them), chromium and
+#    chromium-driver (the trajectory viewer's browser tests, tests/viewer).
 # 2. A Docker engine: if none answers, start dockerd in the background with networking it cannot
 #    touch (--iptables=false --ip6tables=false --bridge=none: sandboxes run with --network none),
 #    falling back to --storage-driver=vfs where overlayfs is unavailable. Log: $AGENTRL_DOCKERD_LOG.
@@ -27,6 +28,8 @@ command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 [[ -x /bin/busybox ]] && /bin/busybox --list >/dev/null 2>&1 || missing+=(busybox-static)
 [[ -x /usr/bin/python3 ]] || missing+=(python3)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if ((${#missing[@]})); then
     if is_root && command -v apt-get >/dev/null 2>&1; then
         log "installing ${missing[*]}"

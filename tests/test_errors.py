@@ -63,6 +63,7 @@ ALLOWED_IN_FUNCTION = {
     ("engines/__init__.py", "__getattr__", "AttributeError"),
     ("envs/__init__.py", "__getattr__", "AttributeError"),
     ("session/__init__.py", "__getattr__", "AttributeError"),
+    ("viewer/__init__.py", "__getattr__", "AttributeError"),
     # Internal signals while reading the executor's reply: _request and _parse_result catch
     # them at once and raise SandboxLost naming them ("malformed result (TypeError: ...)").
     ("sandbox/base.py", "recv_line", "TimeoutError"),
