@@ -128,7 +128,7 @@ class Run:
         try:
             return read_file(f.path, EPISODE_COLUMNS)
         except RolloutStoreError as e:
-            return f"skipped {f.path.name}: {e}"
+            return f"skipped rollouts/{f.path.name}: {str(e).removeprefix(f'{f.path}: ')}"
 
     def episode(self, key: str) -> dict[str, Any]:
         """Every column of the episode ``key`` (per-token lists included)."""

@@ -37,6 +37,7 @@ def browser() -> Iterator[object]:
                 "--disable-dev-shm-usage", "--hide-scrollbars"):  # fmt: skip
         opts.add_argument(arg)
     opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the page's console, read by the tests
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
     driver.set_page_load_timeout(30)
     # --window-size sizes the window; make the page itself (the screenshots) 1280x800

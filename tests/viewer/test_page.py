@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_helpers import append_metrics, make_run, metrics_row, step_rows
+from store_helpers import append_metrics, make_row, make_run, metrics_row, step_rows
 
 import agentrl.rollouts as store
 from agentrl.httpkit import BackgroundServer
@@ -24,6 +24,8 @@ WAIT_S = 20  # a deadline for the page to catch up, never a speed assertion
 def runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("runs")
     main = make_run(root / "calculator-main")
+    agent = make_row("eval", 0, 0, 0, task_id=2000) | {"messages": None}  # an agent program's: tokens only
+    RolloutWriter(main).write("eval", 0, [agent])
     live = make_run(root / "calculator-live", steps=2, evals=False, bias=0.15)
     bad = make_run(root / "calculator-bad", steps=1, evals=False, bias=-0.1)
     (bad / "rollouts" / "train-000009.parquet").write_bytes(b"PAR1 half a file")
@@ -67,7 +69,13 @@ def _css(driver: Any, sel: str) -> list[Any]:
 
 
 def _shot(driver: Any, artifacts: Path, name: str) -> None:
-    driver.save_screenshot(str(artifacts / f"{name}.png"))
+    """A 1280x800 screenshot, as a 256-colour PNG (a third of the size; docs/viewer/ holds these)."""
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")
+    image.quantize(256, method=Image.Quantize.FASTOCTREE).save(artifacts / f"{name}.png", optimize=True)
 
 
 def _keys(driver: Any, sel: str) -> list[str]:
@@ -203,6 +211,23 @@ def test_eval_episode_offers_only_what_was_stored(browser: Any, url: str) -> Non
     assert _css(browser, "#tokens span.tok.sampled")
 
 
+def test_episode_without_messages_shows_its_tokens_by_turn(browser: Any, url: str, runs: list[Path]) -> None:
+    ep = _episode(runs[0], "eval/0/g0/0")
+    assert ep["messages"] is None
+    _open(browser, url, "episode?run=0&key=eval/0/g0/0")
+    _wait(browser, lambda d: d.find_element("id", "episode-key").text == "eval/0/g0/0", "the episode page")
+    blocks = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#conversation .msg'), m => [m.dataset.role, "
+        "m.querySelector('pre') ? m.querySelector('pre').textContent : ''])"
+    )
+    p, (s1, s2), (e1, e2) = ep["pieces"], ep["turn_starts"], ep["turn_ends"]
+    assert blocks == [
+        ["context", "".join(p[:s1])], ["assistant", "".join(p[s1:e1])],
+        ["context", "".join(p[e1:s2])], ["assistant", "".join(p[s2:e2])],
+    ]  # fmt: skip
+    assert len(_css(browser, "#tokens span.tok.sampled")) == sum(ep["loss_mask"])
+
+
 def test_group_view_shows_the_groups_episodes(
     browser: Any, url: str, runs: list[Path], artifacts: Path
 ) -> None:
@@ -268,3 +293,12 @@ def test_live_run_appears_without_a_reload(browser: Any, url: str, runs: list[Pa
     append_metrics(live, metrics_row("train", 4, 0.15))
     _wait(browser, lambda d: points(d) == 4, "a new metric row on the curve")
     assert browser.execute_script("return window.__same_page") is True
+
+
+def test_the_page_logs_no_script_error(browser: Any, url: str) -> None:
+    """Every view this module opened ran without a JavaScript error (a 4xx the page asked for on purpose,
+    a bad filter value, is the only console line allowed)."""
+    for view in ("curves", "episodes?run=2", "episode?run=0&key=train/1/g0/0", "task?run=0&task_id=1001"):
+        _open(browser, url, view)
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert [m for m in errors if "status of 400" not in m] == []
