@@ -68,6 +68,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(400, validation_message(exc.errors())[0])
 
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> JSONResponse:  # a bug: still JSON, so the page can say it
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:

@@ -27,6 +27,7 @@ __all__ = ["METRICS_FILE", "Run", "Snapshot", "check_run_dir", "json_safe"]
 
 METRICS_FILE = "metrics.jsonl"
 _FULL_CACHE = 4  # whole files (per-token columns included) kept for episode pages
+_LIST_TRIES = 3
 _FileKey = tuple[str, float, int]
 ORDER = [
     ("step", "ascending"),
@@ -92,10 +93,16 @@ class Run:
 
     # ------------------------------------------------------------------------------------ store
     def _list(self) -> tuple[list[StoreFile], str | None]:
-        try:
-            return list_files(self.path), None
-        except RolloutStoreError as e:
-            return [], f"no store: {e}"
+        """The store's files; listed again when one moved between the listing and its stat (a resumed
+        run sets files aside)."""
+        for _ in range(_LIST_TRIES):
+            try:
+                return list_files(self.path), None
+            except RolloutStoreError as e:
+                return [], f"no store: {e}"
+            except FileNotFoundError:
+                continue
+        raise ViewerError(f"{self.path / 'rollouts'} changed {_LIST_TRIES} times while listed; ask again")
 
     def snapshot(self) -> Snapshot:
         """The episode columns of every readable file, reading only files new since the last call."""

@@ -221,6 +221,23 @@ def test_live_run_is_reread_file_by_file(tmp_path: Path, monkeypatch: pytest.Mon
         assert [r["step"] for r in rows["rows"]] == [1, 2, 3] and rows["warnings"] == []
 
 
+def test_a_file_moved_while_listed_is_listed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed run moves files aside while the viewer lists them: the listing is taken again, not a 500."""
+    run = make_run(tmp_path / "run", steps=1, evals=False)
+    calls = []
+
+    def flaky(run_dir: Any) -> Any:
+        calls.append(run_dir)
+        if len(calls) == 1:
+            raise FileNotFoundError("train-000002.parquet")
+        return store.list_files(run_dir)
+
+    monkeypatch.setattr(viewer_runs, "list_files", flaky)
+    with BackgroundServer(make_app([run]), name="viewer") as srv:
+        assert httpx.get(srv.url + "/api/runs/0/episodes", timeout=30).json()["total"] == 2 * G
+    assert len(calls) == 2
+
+
 def test_make_app_refuses_a_directory_that_is_no_run(tmp_path: Path) -> None:
     with pytest.raises(ViewerError, match="not a run directory"):
         make_app([tmp_path])
