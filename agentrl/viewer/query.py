@@ -39,6 +39,8 @@ def parse_int(name: str, value: str, *, minimum: int | None = None) -> int:
         raise BadQueryError(
             f"{name}={value!r} is not an integer; give a whole number, e.g. {name}=3"
         ) from None
+    if not -(2**63) <= out < 2**63:  # Arrow compares 64-bit integers at most
+        raise BadQueryError(f"{name}={value!r} is out of range; a 64-bit integer at most")
     if minimum is not None and out < minimum:
         raise BadQueryError(f"{name}={value!r} must be >= {minimum}")
     return out

@@ -17,6 +17,8 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from store_helpers import G, append_metrics, make_run, metrics_row, step_rows
 
 import agentrl.rollouts as store
@@ -25,6 +27,7 @@ from agentrl.httpkit import BackgroundServer
 from agentrl.rollouts import EPISODE_COLUMNS, TOKEN_COLUMNS, RolloutWriter
 from agentrl.viewer import make_app
 from agentrl.viewer.errors import ViewerError
+from agentrl.viewer.query import FILTERS
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +109,7 @@ def test_file_of_another_schema_version_is_named(client: httpx.Client) -> None:
         ("/api/runs/0/episodes", {"reward_min": "high"}, 400, "reward_min='high' is not a number"),
         ("/api/runs/0/episodes", {"reward_max": "nan"}, 400, "reward_max='nan' is not a number"),
         ("/api/runs/0/episodes", {"step": "2.5"}, 400, "step='2.5' is not an integer"),
+        ("/api/runs/0/episodes", {"task_id": "9" * 30}, 400, f"task_id='{'9' * 30}' is out of range"),
         ("/api/runs/0/episodes", {"kind": "test"}, 400, "kind='test' is not one of train, eval"),
         (
             "/api/runs/0/episodes",
@@ -150,6 +154,19 @@ def test_bad_input_is_a_4xx_with_a_message(
     r = client.get(path, params=params)
     assert r.status_code == status, r.text
     assert says in r.json()["error"]
+
+
+@given(
+    params=st.dictionaries(
+        st.sampled_from([*FILTERS, "offset", "limit", "bogus"]),
+        st.one_of(st.text(max_size=24), st.integers(-(2**70), 2**70).map(str), st.floats().map(str)),
+        max_size=4,
+    )
+)
+def test_no_query_is_answered_with_a_500(client: httpx.Client, params: dict[str, str]) -> None:
+    r = client.get("/api/runs/0/episodes", params=params)
+    assert r.status_code in (200, 400), r.text
+    assert r.status_code == 200 or r.json()["error"]
 
 
 def test_filters_combine(client: httpx.Client, runs: dict[str, Path]) -> None:

@@ -11,10 +11,12 @@ const CHARTS = [
   ["Completion tokens", ["rollout/completion_tokens", "eval/completion_tokens"]],
   ["Entropy", ["train/entropy"]],
   ["Clip fraction", ["train/clip_frac"]],
-  ["KL", ["train/kl"]],
+  ["KL", ["train/kl", "train/approx_kl", "train/mismatch_kl"]],
   ["Staleness (versions)", ["train/staleness_mean", "train/staleness_max"]],
   ["Step time (s)", ["time/step", "time/rollout", "time/train", "time/sync"]],
   ["Turns", ["rollout/turns", "eval/turns"]],
+  ["Loss", ["train/loss", "train/pg_loss"]],
+  ["Gradient norm", ["train/grad_norm"]],
 ];
 const PAGE = 50;
 const SVGNS = "http://www.w3.org/2000/svg";
@@ -139,12 +141,14 @@ async function renderCurves() {
   if (!box.children.length) box.append(el("p", { text: "No metrics yet: the runs shown have logged no step (metrics.jsonl)." }));
 }
 
+// Round values every `n`th of [lo, hi], and the number of decimals that tells them apart.
 function ticks(lo, hi, n) {
   const span = hi - lo || 1;
   const step0 = Math.pow(10, Math.floor(Math.log10(span / n)));
   const step = [1, 2, 5, 10].map((m) => m * step0).find((s) => span / s <= n) || step0 * 10;
   const out = [];
   for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Number(v.toPrecision(12)));
+  out.decimals = Math.min(8, Math.max(0, Math.ceil(-Math.log10(step) - 1e-9)));
   return out;
 }
 
@@ -160,9 +164,12 @@ function chart(title, series) {
   const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const sy = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
   const s = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
-  for (const v of ticks(y0, y1, 4)) {
+  const yt = ticks(y0, y1, 4);
+  for (const v of yt) {
     s.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: sy(v), y2: sy(v) }));
-    const t = svg("text", { x: L - 4, y: sy(v) + 3, "text-anchor": "end" }); t.textContent = fmt(v); s.append(t);
+    const t = svg("text", { x: L - 4, y: sy(v) + 3, "text-anchor": "end" });
+    t.textContent = Math.abs(v) >= 1e5 || (v !== 0 && Math.abs(v) < 1e-4) ? v.toExponential(1) : v.toFixed(yt.decimals);
+    s.append(t);
   }
   for (const v of ticks(x0, x1, 6).filter(Number.isInteger)) {  // steps are whole numbers
     const t = svg("text", { x: sx(v), y: H - B + 13, "text-anchor": "middle" }); t.textContent = fmt(v); s.append(t);
