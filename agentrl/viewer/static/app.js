@@ -265,12 +265,17 @@ function episodeRow(run, e) {
     el("td", { class: "num", text: fmt(e.advantage) }),
     el("td", { class: `st-${e.status}`, text: e.status, title: e.error || "" }), el("td", { text: e.fate }),
     el("td", { class: "num", text: e.turns }), el("td", { class: "num", text: e.completion_tokens }),
-    el("td", { class: "preview", text: e.error && !e.preview ? e.error : e.preview }));
+    previewCell(e.error && !e.preview ? e.error : e.preview));
   tr.addEventListener("click", (ev) => {
     if (ev.target.closest("a")) return;
     go("episode", { run, key: e.key });
   });
   return tr;
+}
+
+// One line of a final answer; all of it on hover, and on the episode's page.
+function previewCell(text) {
+  return el("td", { class: "preview", title: text }, el("div", { text }));
 }
 
 // ------------------------------------------------------------------------------------- one episode
@@ -457,7 +462,7 @@ async function renderTask(params) {
       el("td", {}, link(e.group_id, "group", { run, kind: e.kind, step: e.step, group_id: e.group_id })),
       el("td", { class: "num", text: e.episode_index }), el("td", { class: "num", text: fmt(e.reward) }),
       el("td", { class: "num", text: fmt(e.advantage) }), el("td", { class: `st-${e.status}`, text: e.status }),
-      el("td", { class: "preview", text: e.answer || e.error || "" }));
+      previewCell(e.answer || e.error || ""));
     tr.addEventListener("click", (ev) => { if (!ev.target.closest("a")) go("episode", { run, key: e.key }); });
     return tr;
   }));
