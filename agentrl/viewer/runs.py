@@ -43,12 +43,19 @@ def check_run_dir(path: str | Path) -> Path:
     p = Path(path)
     if not p.is_dir():
         raise ViewerError(f"{path}: no such directory; pass a run directory such as runs/<name>")
-    if not (p / "rollouts").is_dir() and not (p / METRICS_FILE).is_file():
-        raise ViewerError(
-            f"{path}: not a run directory (neither rollouts/ nor {METRICS_FILE} in it); "
-            "pass the directory `agentrl train` wrote, e.g. runs/<name>"
+    if not _is_run(p):
+        inside = sorted(c.name for c in p.iterdir() if c.is_dir() and _is_run(c))
+        hint = (
+            f"it holds the runs {', '.join(inside[:5])}{', ...' if len(inside) > 5 else ''}: pass those"
+            if inside
+            else "pass the directory `agentrl train` wrote, e.g. runs/<name>"
         )
+        raise ViewerError(f"{path}: not a run directory (neither rollouts/ nor {METRICS_FILE} in it); {hint}")
     return p
+
+
+def _is_run(p: Path) -> bool:
+    return (p / "rollouts").is_dir() or (p / METRICS_FILE).is_file()
 
 
 def json_safe(value: Any) -> Any:

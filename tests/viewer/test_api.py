@@ -260,6 +260,10 @@ def test_make_app_refuses_a_directory_that_is_no_run(tmp_path: Path) -> None:
         make_app([tmp_path])
     with pytest.raises(ViewerError, match="no such directory"):
         make_app([tmp_path / "missing"])
+    make_run(tmp_path / "a", steps=1, evals=False)
+    make_run(tmp_path / "b", steps=1, evals=False)
+    with pytest.raises(ViewerError, match="not a run directory .*; it holds the runs a, b: pass those"):
+        make_app([tmp_path])
 
 
 def _cli(*args: str) -> subprocess.Popen[str]:
