@@ -9,6 +9,9 @@ scripts/system-deps.sh
 # vLLM's own environment (.venv-vllm): the real-vLLM tests (marker `vllm`) need it, and fail rather than skip here.
 scripts/setup.sh --dev --vllm
 export AGENTRL_REQUIRE_VLLM="${AGENTRL_REQUIRE_VLLM:-1}"
+# The viewer's browser tests (marker `browser`) need Debian's chromium + chromium-driver (system-deps.sh):
+# here a missing browser fails them instead of skipping.
+export AGENTRL_REQUIRE_BROWSER="${AGENTRL_REQUIRE_BROWSER:-1}"
 # Gates before the tests (seconds; any finding fails the run): lint, formatting, types, and the
 # architecture's import contracts ([tool.importlinter] in pyproject.toml).
 .venv/bin/ruff check .

@@ -28,6 +28,8 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def browser() -> Iterator[object]:
     """One headless Chromium, 1280x800, driven through Debian's chromedriver (selenium-manager never runs)."""
     if not HAVE_BROWSER:
+        if os.environ.get("AGENTRL_REQUIRE_BROWSER") == "1":  # scripts/test.sh (CI): a missing browser fails
+            pytest.fail(f"AGENTRL_REQUIRE_BROWSER=1 but chromium or chromedriver is missing: {NO_BROWSER}")
         pytest.skip(NO_BROWSER)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
