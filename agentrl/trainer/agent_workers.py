@@ -199,6 +199,7 @@ class WorkerPool:
         msg = {"task": task, "env": env, "stdout": str(w.out), "stderr": str(w.err)}
         t0 = time.perf_counter()
         w.episodes += 1
+        what = f"{self.entry} (agent worker, pid {w.proc.pid}, its episode {w.episodes})"
         done = False
         try:
             w.proc.stdin.write(json.dumps(msg).encode() + b"\n")
@@ -209,7 +210,7 @@ class WorkerPool:
             except TimeoutError:
                 if on_deadline is not None:
                     on_deadline()
-                return AgentRun(None, *self._output(w), time.perf_counter() - t0, timed_out=True)
+                return AgentRun(None, *self._output(w), time.perf_counter() - t0, timed_out=True, program=what)
             if not line:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(w.proc.wait(), 5.0)
@@ -218,16 +219,17 @@ class WorkerPool:
                 err += (
                     f"\n(the agent worker, pid {w.proc.pid}, exited with status {code} during the episode)\n"
                 )
-                return AgentRun(code, out, err, time.perf_counter() - t0, worker_exit=code)
+                return AgentRun(code, out, err, time.perf_counter() - t0, worker_exit=code, program=what)
             answer = json.loads(line)
             done = True
             out, err = self._output(w)
             if answer.get("ok"):
                 result = answer.get("result")
-                return AgentRun(0, out + (f"{result}\n" if result else ""), err, time.perf_counter() - t0)
+                out += f"{result}\n" if result else ""
+                return AgentRun(0, out, err, time.perf_counter() - t0, program=what)
             if not err.strip():
                 err = str(answer.get("error", "(no error)"))
-            return AgentRun(1, out, err, time.perf_counter() - t0)
+            return AgentRun(1, out, err, time.perf_counter() - t0, program=what)
         finally:
             if not done:  # the deadline, the worker's death or a cancelled rollout: kill and replace it
                 await self._kill(w)

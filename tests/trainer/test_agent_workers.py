@@ -146,7 +146,7 @@ def test_a_worker_pool_plays_episodes_through_the_ledger_exactly_like_processes(
     assert key(workers) == key(procs) and all(k[5] == 2 for k in key(workers))
     assert pool.started == 2  # four episodes, two workers, each started once
     log = (tmp_path / "w" / "agents" / "step-0" / "s3-1-a0.log").read_text()
-    assert "agent.py:play (agent worker)" in log and "# exit 0" in log
+    assert "agent.py:play (agent worker, pid" in log and "# exit 0" in log
 
 
 def test_the_shipped_agents_sdk_example_runs_as_a_worker(tmp_path):
