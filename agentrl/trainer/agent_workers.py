@@ -210,7 +210,9 @@ class WorkerPool:
             except TimeoutError:
                 if on_deadline is not None:
                     on_deadline()
-                return AgentRun(None, *self._output(w), time.perf_counter() - t0, timed_out=True, program=what)
+                return AgentRun(
+                    None, *self._output(w), time.perf_counter() - t0, timed_out=True, program=what
+                )
             if not line:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(w.proc.wait(), 5.0)
