@@ -44,6 +44,10 @@ flight, the last turn failed on our side):
 
 Every attempt's command, exit status, time, stdout and stderr go to
 ``log_dir/<step-N|eval>/<group>-<episode>-a<attempt>.log``.
+
+With ``rollout.agent_workers = N`` the agent is a function run by N long-lived worker processes
+instead (:mod:`agentrl.trainer.agent_workers`): the same variables, the same rules, a raised
+exception standing for a non-zero exit, and a worker's death always infrastructure.
 """
 
 from __future__ import annotations
@@ -51,17 +55,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
 import shlex
 import shutil
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -70,6 +76,9 @@ from agentrl.httpkit import StatusMap
 from agentrl.session.embedded import EmbeddedGateway, GatewayManager, TurnRecord
 from agentrl.trainer.errors import AgentError
 from agentrl.types import Message, SamplingParams, Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.trainer.agent_workers import WorkerPool
 
 __all__ = ["AgentOutcome", "AgentPlay", "AgentRun", "AgentRunner", "agent_argv", "run_agent", "score_agent"]
 
@@ -81,6 +90,13 @@ _KILL_GRACE_S = 5.0
 
 _TRANSPORT = re.compile(r"connect|timeout|timed ?out|protocolerror|broken ?pipe", re.IGNORECASE)
 """An exception name on the agent's last stderr line that says it could not reach the gateway."""
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for the gateway's clients: httpx loads the CA bundle anew for each client
+    otherwise (about 20 ms of CPU, per episode)."""
+    return ssl.create_default_context()
 
 
 def agent_argv(command: str) -> list[str]:
@@ -113,6 +129,10 @@ class AgentRun:
     stderr: str
     seconds: float
     timed_out: bool = False
+    worker_exit: int | None = None
+    """an agent worker's exit status when it died during the episode (always infrastructure)"""
+    program: str = ""
+    """what ran, for the log, when it is not the command (an agent worker, its pid and episode)"""
 
 
 def _kill_group(pid: int) -> None:
@@ -217,17 +237,36 @@ async def score_agent(env: Any, outcome: AgentOutcome) -> tuple[float, bool]:
 
 
 class AgentRunner:
-    """Plays episodes with the agent program ``argv`` through ``gateway`` (see the module docstring)."""
+    """Plays episodes through ``gateway`` with ``program`` (see the module docstring): the agent
+    command's ``argv``, run once per episode, or a :class:`~agentrl.trainer.agent_workers.WorkerPool`."""
 
     def __init__(
-        self, argv: list[str], gateway: EmbeddedGateway, *, timeout_s: float, log_dir: Path | None = None
+        self,
+        program: list[str] | WorkerPool,
+        gateway: EmbeddedGateway,
+        *,
+        timeout_s: float,
+        log_dir: Path | None = None,
     ) -> None:
         if not isinstance(gateway.manager, GatewayManager):
             raise ConfigError(
                 "the agent gateway must serve a GatewayManager (its sessions pin the run's sampling)"
             )
-        self.argv, self.gateway, self.timeout_s, self.log_dir = argv, gateway, timeout_s, log_dir
+        self.gateway, self.timeout_s, self.log_dir = gateway, timeout_s, log_dir
+        self.argv = program if isinstance(program, list) else []
+        self.pool = None if isinstance(program, list) else program
+        self.label = shlex.join(self.argv) if self.pool is None else self.pool.label
         self.manager: GatewayManager = gateway.manager
+
+    def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """What one attempt holds while it runs, taken before its deadline starts: a worker of the
+        pool (:meth:`WorkerPool.slot`), or nothing when each episode starts its own process."""
+        return self.pool.slot() if self.pool is not None else contextlib.nullcontext()
+
+    async def aclose(self) -> None:
+        """Stop the worker processes, if any."""
+        if self.pool is not None:
+            await self.pool.aclose()
 
     async def _create(self) -> tuple[str, dict[str, str]]:
         """A session on the gateway: its id and the variables that point the agent's SDKs at it.
@@ -237,7 +276,7 @@ class AgentRunner:
         (the Anthropic SDK appends ``/v1/messages`` itself).
         """
         url = self.gateway.url
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0)) as http:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0), verify=_tls()) as http:
             resp = await http.post(f"{url}/sessions", json={})
         if resp.status_code != 201:
             raise _GATEWAY_ERRORS.error(resp.status_code, resp.content, f"POST {url}/sessions")
@@ -253,8 +292,8 @@ class AgentRunner:
         return str(body["id"]), urls
 
     def _environ(self, sid: str, urls: dict[str, str], task: list[Message]) -> dict[str, str]:
+        """The episode's variables (a process gets them on top of the run's environment)."""
         return {
-            **os.environ,
             **urls,
             "AGENTRL_TASK": json.dumps([m.model_dump(exclude_none=True) for m in task]),
             "AGENTRL_SESSION_ID": sid,
@@ -268,7 +307,7 @@ class AgentRunner:
         path.parent.mkdir(parents=True, exist_ok=True)
         status = "killed at its deadline" if run.timed_out else f"exit {run.returncode}"
         path.write_text(
-            f"$ {shlex.join(self.argv)}\n# {status} after {run.seconds:.2f} s\n"
+            f"$ {run.program or self.label}\n# {status} after {run.seconds:.2f} s\n"
             f"--- stdout\n{run.stdout}\n--- stderr\n{run.stderr}\n"
         )
 
@@ -282,12 +321,18 @@ class AgentRunner:
         try:
             self.manager.pin(sid, sampling)
             at_deadline: list[TurnRecord] = []
-            run = await run_agent(
-                self.argv,
-                self._environ(sid, urls, task),
-                self.timeout_s,
-                on_deadline=lambda: at_deadline.append(dataclasses.replace(self.manager.turn_record(sid))),
-            )
+            variables = self._environ(sid, urls, task)
+
+            def on_deadline() -> None:
+                at_deadline.append(dataclasses.replace(self.manager.turn_record(sid)))
+
+            if self.pool is not None:
+                tasks = [m.model_dump(exclude_none=True) for m in task]
+                run = await self.pool.run(tasks, variables, self.timeout_s, on_deadline)
+            else:
+                run = await run_agent(
+                    self.argv, {**os.environ, **variables}, self.timeout_s, None, on_deadline
+                )
             self._log(where, run)
             ledger = self.manager.ledger(sid)
             turns = sum(len(s.turns) for s in ledger.segments)
@@ -308,7 +353,7 @@ class AgentRunner:
     ) -> tuple[str | None, str | None]:
         """``(cause, error)`` of a run the model cut short, ``(None, None)`` of a clean one; AgentError
         when the infrastructure failed (the rules are the module docstring's)."""
-        cmd = shlex.join(self.argv)
+        cmd = self.label
         if run.timed_out:
             flying = bool(at_deadline and at_deadline[0].in_flight)
             if flying and turns:
@@ -325,10 +370,10 @@ class AgentRunner:
             why = await self._infra_exit(run, record, turns)
             last = _last_line(run.stderr)
             if why is not None:
-                raise AgentError(
-                    f"agent {cmd!r} exited with status {run.returncode} ({why}); stderr ends: "
-                    f"{run.stderr[-500:]!r}"
-                )
+                ended = f"exited with status {run.returncode}"
+                if self.pool is not None and run.worker_exit is None:
+                    ended = "raised"
+                raise AgentError(f"agent {cmd!r} {ended} ({why}); stderr ends: {run.stderr[-500:]!r}")
             return "agent_crash", f"agent {cmd!r} crashed on the model's output of turn {turns}: {last}"
         if not turns:
             raise AgentError(
@@ -344,6 +389,8 @@ class AgentRunner:
     async def _infra_exit(self, run: AgentRun, record: TurnRecord, turns: int) -> str | None:
         """Why a non-zero exit is the infrastructure's, or ``None`` when the agent crashed on the model's output."""
         code = run.returncode
+        if run.worker_exit is not None:
+            return f"its worker process died during the episode (exit status {run.worker_exit})"
         if code is None or code < 0 or code > 128:
             signum = -code if code is not None and code < 0 else (code or 128) - 128
             return f"killed by signal {signum}"
@@ -362,7 +409,7 @@ class AgentRunner:
 
     async def _gateway_answers(self) -> bool:
         with contextlib.suppress(httpx.HTTPError):
-            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as http:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), verify=_tls()) as http:
                 return (await http.get(f"{self.gateway.url}/health")).status_code == 200
         return False
 

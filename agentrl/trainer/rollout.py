@@ -290,12 +290,14 @@ class RolloutManager:
         last, t0 = "", time.perf_counter()
         for attempt in range(self.max_infra_retries + 1):
             try:
-                ep = await asyncio.wait_for(
-                    self._episode_once(seed, group_id, index, temperature, attempt, salt),
-                    # the attempt keeps the episode's deadline itself (an agent's process group is killed
-                    # there); the margin leaves time to close the session and env and score the outcome
-                    self.episode_timeout_s + _WIND_DOWN_S,
-                )
+                # an agent worker (--agent-workers) is waited for before the deadline starts
+                async with self.agent.slot() if self.agent is not None else contextlib.nullcontext():
+                    ep = await asyncio.wait_for(
+                        self._episode_once(seed, group_id, index, temperature, attempt, salt),
+                        # the attempt keeps the episode's deadline itself (an agent's process group is
+                        # killed there); the margin leaves time to close the session and env and score
+                        self.episode_timeout_s + _WIND_DOWN_S,
+                    )
                 ep.seconds = time.perf_counter() - t0
                 return ep
             except ConfigError:  # the run's settings do not fit the env: fail fast, not an infra failure

@@ -112,6 +112,8 @@ class Runtime:
     def close(self) -> None:
         """Release the sessions' connections, close the engine, stop the loop and the engine server."""
         try:
+            if self.rollout.agent is not None:  # the agent workers, if any
+                self.loop.run(self.rollout.agent.aclose(), timeout_s=60.0, what="stopping the agent workers")
             if self.gateway is not None:
                 self.gateway.stop()
             self.loop.run(self.sessions.aclose(), timeout_s=30.0, what="closing the session backend")
@@ -302,13 +304,14 @@ def _agent(
         return None, None
     from agentrl.session.embedded import EmbeddedGateway, GatewayManager
     from agentrl.trainer.agent import AgentRunner, agent_argv
+    from agentrl.trainer.agent_workers import WorkerPool
 
     assert isinstance(sessions, GatewayManager)
     gateway = EmbeddedGateway(sessions, loop, default_max_tokens=cfg.rollout.max_new_tokens).start()
     log_dir = run_dir / "agents" if run_dir is not None else None
-    runner = AgentRunner(
-        agent_argv(cfg.rollout.agent), gateway, timeout_s=cfg.rollout.episode_timeout_s, log_dir=log_dir
-    )
+    r = cfg.rollout
+    program = WorkerPool(r.agent, r.agent_workers) if r.agent_workers else agent_argv(r.agent)
+    runner = AgentRunner(program, gateway, timeout_s=r.episode_timeout_s, log_dir=log_dir)
     return gateway, runner
 
 

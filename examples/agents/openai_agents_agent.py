@@ -15,6 +15,14 @@ fails (it keeps calling tools, or calls one that does not exist) the agent still
 that is data for training; a non-zero exit tells agentrl the agent itself broke, and the
 episode is retried.
 
+The same file is a worker entry point: ``play(task, env)`` runs one episode, and with
+``--agent-workers N`` a pool of N processes imports this file once and calls it per episode
+(the SDK import is paid once per worker, not per episode)::
+
+    agentrl train --env calc-agent --agent examples/agents/openai_agents_agent.py:play --agent-workers 8
+
+The client is made per episode from ``env`` (a worker's episodes each have their own base URL).
+
 Run it by hand against a session server::
 
     agentrl serve-session --model tiny --port 8100 &
@@ -29,6 +37,7 @@ import ast
 import asyncio
 import json
 import os
+import ssl
 from fractions import Fraction
 
 from agents import (
@@ -40,7 +49,10 @@ from agents import (
     set_tracing_disabled,
 )
 from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+TLS = ssl.create_default_context()
+"""made once: a client made without it loads the CA bundle again, about 20 ms of CPU an episode"""
 
 
 def _evaluate(expression: str) -> str:
@@ -77,27 +89,32 @@ def calculate(expression: str) -> str:
         return f"error: {e}"
 
 
-async def main() -> None:
-    set_tracing_disabled(True)
-    task = json.loads(os.environ["AGENTRL_TASK"])
-    client = AsyncOpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
-    agent = Agent(
-        name="calculator",
-        model=OpenAIChatCompletionsModel(
-            model=os.environ.get("AGENTRL_MODEL", "agentrl"), openai_client=client
-        ),
-        tools=[calculate],
-        model_settings=ModelSettings(max_tokens=64),
-    )
-    try:
-        result = await Runner.run(agent, task, max_turns=4)
-    except (MaxTurnsExceeded, ModelBehaviorError) as e:
-        # the model's failure (it kept calling tools, or called one that does not exist): the env
-        # scores what it said, so this is a normal end of the episode, not a crash
-        print(f"no answer: {type(e).__name__}: {e}")
-        return
-    print(result.final_output)
+async def play(task: list[dict], env: dict[str, str]) -> str:
+    """One episode: the task's messages in, the final answer out (also the worker entry point)."""
+    http = DefaultAsyncHttpxClient(verify=TLS)
+    async with AsyncOpenAI(
+        base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], http_client=http
+    ) as client:
+        agent = Agent(
+            name="calculator",
+            model=OpenAIChatCompletionsModel(model=env.get("AGENTRL_MODEL", "agentrl"), openai_client=client),
+            tools=[calculate],
+            model_settings=ModelSettings(max_tokens=64),
+        )
+        try:
+            result = await Runner.run(agent, task, max_turns=4)
+        except (MaxTurnsExceeded, ModelBehaviorError) as e:
+            # the model's failure (it kept calling tools, or called one that does not exist): the env
+            # scores what it said, so this is a normal end of the episode, not a crash
+            return f"no answer: {type(e).__name__}: {e}"
+    return str(result.final_output)
 
+
+async def main() -> None:
+    print(await play(json.loads(os.environ["AGENTRL_TASK"]), dict(os.environ)))
+
+
+set_tracing_disabled(True)
 
 if __name__ == "__main__":
     asyncio.run(main())
