@@ -36,6 +36,10 @@ EXCLUDED_FILES = {
     # A standalone, stdlib-only program run inside the sandbox; it cannot import agentrl, and
     # what it raises is turned into an ExecResult or a protocol reply, never seen by a caller.
     "sandbox/executor.py",
+    # The agent workers' program (python -m agentrl.trainer.agent_host), stdlib only so it starts
+    # fast: load_entry's ValueError becomes its {"ready": false, "error": ...} answer, which the
+    # pool turns into a ConfigError or an AgentError; a caller never sees it.
+    "trainer/agent_host.py",
 }
 
 # Exceptions allowed anywhere, with the reason.
