@@ -234,6 +234,19 @@ def _anthropic_turn(
     return uses
 
 
+_CLIENTS: dict[str, tuple[openai.OpenAI, anthropic.Anthropic]] = {}
+
+
+def _clients(url: str) -> tuple[openai.OpenAI, anthropic.Anthropic]:
+    """One pair of SDK clients per server (each session's copy shares its connection pool)."""
+    if url not in _CLIENTS:
+        _CLIENTS[url] = (
+            openai.OpenAI(base_url=url, api_key="-", max_retries=0, timeout=30),
+            anthropic.Anthropic(base_url=url, api_key="-", max_retries=0, timeout=30),
+        )
+    return _CLIENTS[url]
+
+
 def play(
     url: str, engine: Any, model: str, c: Client, replies: list[str], rng: random.Random
 ) -> dict[str, Any]:
@@ -241,10 +254,10 @@ def play(
     s = httpx.post(f"{url}/sessions", timeout=10).json()
     for text in replies:
         engine.push(text)
-    oai = openai.OpenAI(base_url=url + s["base_url"], api_key=s["api_key"], max_retries=0, timeout=30)
-    anth = anthropic.Anthropic(
-        base_url=url + s["anthropic_base_url"], api_key=s["api_key"], max_retries=0, timeout=30
-    )
+    oai = _clients(url)[0].with_options(api_key=s["api_key"])
+    anth = _clients(url)[1].with_options(api_key=s["api_key"])
+    oai = oai.with_options(base_url=url + s["base_url"])
+    anth = anth.with_options(base_url=url + s["anthropic_base_url"])
     history: list[Any] = [{"role": "user", "content": _words(rng, 2, 6)}]
     if c.dialect == "chat":
         history.insert(0, {"role": "system", "content": "You are an agent."})
@@ -259,8 +272,6 @@ def play(
             if not calls:
                 history.append({"role": "user", "content": _words(rng, 1, 3)})
     finally:
-        oai.close()
-        anth.close()
         engine.replies.clear()
     info: dict[str, Any] = httpx.get(f"{url}/sessions/{s['id']}", timeout=10).json()
     return {**info, "api_key": s["api_key"]}
