@@ -12,8 +12,18 @@ Part 2 — time to first token. For the same prompt, the engine's own first-toke
 sending a streamed request to the first event on the wire, per dialect; alternated, median
 of N.
 
+Part 3 — split rate (``--split-episodes N``). N fuzzed tool-using agent episodes per dialect
+(``tests/session/agent_episodes.py``: 3-6 turns of random scripted replies with reasoning, text
+and 0-3 tool calls with random JSON arguments, on a scripted engine) through the real ``openai``
+and ``anthropic`` clients, each by a *faithful* client that sends back what it was given (the
+SDK's objects or their ``model_dump()`` / ``model_dump(exclude_none=True)``, streamed or not,
+arguments re-serialised or stripped of nulls, reasoning dropped, parallel calls answered one by
+one). An episode that ends in more than one ledger segment is a split; a request the server
+refused is counted apart. The target is 0 splits.
+
     python benchmarks/session_dialects.py                 # 8, 32, 128 turns
     python benchmarks/session_dialects.py --quick         # 8 and 32 turns, fewer TTFT samples
+    python benchmarks/session_dialects.py --turns "" --ttft-samples 0 --split-episodes 1000
 """
 
 from __future__ import annotations
@@ -169,6 +179,42 @@ def bench_ttft(sm: SessionManager, engine: Any, url: str, samples: int) -> dict[
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def bench_splits(
+    model: str, episodes: int, seed: int, dialects: tuple[str, ...] = DIALECTS
+) -> list[tuple[str, int, int, int]]:
+    """``(dialect, episodes, split, refused)`` over fuzzed faithful episodes (see the docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "session"))
+    from agent_episodes import run_episode  # noqa: PLC0415
+    from scripted import ScriptedEngine  # noqa: PLC0415
+
+    from agentrl.httpkit import BackgroundServer
+    from agentrl.models import load_tokenizer
+    from agentrl.session.server import create_app
+
+    tok = load_tokenizer(model)
+    engine = ScriptedEngine(tok)
+    sm = SessionManager(tok, engine, model_name=model)
+    out = []
+    with BackgroundServer(create_app(sm)) as srv:
+        for d in dialects:
+            rng = random.Random(seed)
+            split = refused = 0
+            for k in range(episodes):
+                if k and k % 100 == 0:
+                    print(
+                        f"  {d}: {k} episodes, {split} split, {refused} refused", file=sys.stderr, flush=True
+                    )
+                try:
+                    segments, _ = run_episode(srv.url, engine, model, d, rng, reasoning=sm.family.reasoning)
+                except Exception:  # the old server's 422s on SDK fields: counted, not a split
+                    engine.replies.clear()
+                    refused += 1
+                    continue
+                split += segments > 1
+            out.append((d, episodes, split, refused))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-qwen3-realvocab", help="model (tokenizer + engine) to use")
@@ -177,10 +223,30 @@ def main() -> None:
     ap.add_argument("--result-words", type=int, default=60, help="words per user/tool message (~100 tokens)")
     ap.add_argument("--ttft-samples", type=int, default=15, help="streamed requests per dialect for part 2")
     ap.add_argument("--quick", action="store_true", help="8 and 32 turns, 5 TTFT samples")
+    ap.add_argument("--split-episodes", type=int, default=0, help="fuzzed episodes per dialect for part 3")
+    ap.add_argument("--split-model", default="tiny-qwen3", help="tokenizer for part 3 (a scripted engine)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of part 3's episodes")
+    ap.add_argument("--dialects", default=",".join(DIALECTS), help="part 3's dialects, comma-separated")
     args = ap.parse_args()
     if args.quick:
         args.turns, args.ttft_samples = "8,32", 5
+    turn_counts = [int(x) for x in args.turns.split(",") if x.strip()]  # --turns "": TTFT only
+    if turn_counts or args.ttft_samples > 0:
+        overhead_and_ttft(args, turn_counts)
+    if args.split_episodes > 0:
+        print(
+            f"\n## split rate: faithful fuzzed tool-using episodes ({args.split_model}, seed {args.seed})\n"
+        )
+        print("| dialect | episodes | split (> 1 segment) | split rate | refused (4xx) |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for d, n, split, refused in bench_splits(
+            args.split_model, args.split_episodes, args.seed, tuple(args.dialects.split(","))
+        ):
+            print(f"| {d} | {n:,} | {split} | {100 * split / n:.1f} % | {refused} |", flush=True)
 
+
+def overhead_and_ttft(args: Any, turn_counts: list[int]) -> None:
+    """Parts 1 and 2 (see the module docstring)."""
     from agentrl.engines import HFEngine
     from agentrl.httpkit import BackgroundServer
     from agentrl.models import load_tokenizer
@@ -189,7 +255,6 @@ def main() -> None:
     tok = load_tokenizer(args.model)
     engine = TimedEngine(HFEngine(args.model, device="cpu", seed=0, max_context=1 << 18))
     sm = SessionManager(tok, engine, model_name=args.model)
-    turn_counts = [int(x) for x in args.turns.split(",") if x.strip()]  # --turns "": TTFT only
     print(f"# session dialects: {args.model}, {args.max_new_tokens} new tokens per turn\n")
     print(
         "| turns | dialect | final tokens | segments | agent wall ms/turn | engine ms/turn | overhead / engine |"
@@ -205,6 +270,8 @@ def main() -> None:
                         f"{r['engine_ms']:.0f} | {100 * r['overhead']:.1f} % |",
                         flush=True,
                     )
+            if args.ttft_samples <= 0:
+                return
             t = bench_ttft(sm, engine.inner, srv.url, args.ttft_samples)
     finally:
         engine.inner.close()

@@ -1,7 +1,8 @@
 """Whether a turn extends the session's ledger: the agent's messages against the ledger's, the divergence reasons.
 
 A turn extends the current segment when it sends the segment's messages back unchanged (as
-:func:`same_message` judges: agents drop reasoning and reformat tool-call arguments), with
+:func:`same_message` judges: agents drop reasoning and reformat tool-call arguments; an
+assistant turn may also come back in another form the client was given, ``Segment.returned``), with
 the same tools and template kwargs, plus new non-assistant messages; otherwise
 :func:`plan_turn` names why it diverged (``tools_changed``, ``template_kwargs_changed``,
 ``truncated``, ``edited``, ``foreign_assistant``) and the turn starts a new segment.
@@ -25,11 +26,22 @@ def _norm(s: str | None) -> str:
     return (s or "").strip()
 
 
+def _without_nulls(v: Any) -> Any:
+    """A JSON value with its objects' ``null`` members dropped, at every depth."""
+    if isinstance(v, dict):
+        return {k: _without_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_without_nulls(x) for x in v]
+    return v
+
+
 def _calls_key(m: Message) -> list[tuple[str, Any]]:
+    """Each call's name and arguments as a JSON value: key order, spacing, escapes and ``null``
+    members (which clients drop) do not matter."""
     out = []
     for c in m.tool_calls or []:
         try:
-            args: Any = json.loads(c.function.arguments)
+            args: Any = _without_nulls(json.loads(c.function.arguments))
         except json.JSONDecodeError:
             args = c.function.arguments
         out.append((c.function.name, args))
@@ -80,8 +92,8 @@ def plan_turn(
     n = len(seg.messages)
     if len(msgs) < n:
         return None, "truncated"
-    for stored, sent in zip(seg.messages, msgs, strict=False):
-        if not same_message(stored, sent):
+    for i, (stored, sent) in enumerate(zip(seg.messages, msgs, strict=False)):
+        if not any(same_message(m, sent) for m in (stored, *seg.returned.get(i, ()))):
             return None, "edited"
     appended = msgs[n:]
     if any(m.role == "assistant" for m in appended):

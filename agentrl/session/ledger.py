@@ -51,6 +51,10 @@ class Segment:
     turns: list[Turn] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     """The conversation these tokens represent, as the agent sees it (replies as parsed)."""
+    returned: dict[int, list[Message]] = field(default_factory=dict)
+    """Other forms of assistant message ``i`` the client was given (the raw text of a reply whose
+    calls it asked not to parse, a streamed text the final parse did not extend): a client that
+    sends one back sent back what it was given."""
     last_stop: int | None = None
     """The stop token that ended the last turn, if the model sampled one."""
 

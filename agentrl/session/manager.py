@@ -385,6 +385,8 @@ class SessionManager(TurnCalls):
         )
         seg.last_stop = last_stop
         seg.messages = [*messages, parsed.message]
+        if parsed.message.tool_calls:  # what a client that asked for no tool calls is given
+            seg.returned[len(messages)] = [Message(role="assistant", content=parsed.text)]
         sess.turns += 1
         self._count_turn(len(prompt_add), len(out), parsed.parse_failed, len(parsed.message.tool_calls or []))
         return ChatResult(
@@ -400,6 +402,15 @@ class SessionManager(TurnCalls):
             stop_string=stop_string,
             raw_text=parsed.text,
         )
+
+    def note_returned(self, session_id: str, res: ChatResult, returned: Message) -> None:
+        """Record that the client was given ``returned`` for the turn ``res`` (a streamed text the
+        final parse did not extend), so that sending it back extends the segment."""
+        seg = self._get(session_id).ledger.segments[res.segment]
+        for i in range(len(seg.messages) - 1, -1, -1):
+            if seg.messages[i] is res.message:
+                seg.returned.setdefault(i, []).append(returned)
+                return
 
     def _count_turn(self, prompt_added: int, sampled: int, parse_failed: bool, tool_calls: int) -> None:
         self.counters["tito/turns"] += 1

@@ -122,7 +122,7 @@ async def _chat(sid: str, req: ChatCompletionRequest, request: Request, sm: Sess
         turn,
         bool(req.stream),
         lambda res: chat_body(sm, req, res, head),
-        lambda first, rest: chat_events(sm, req, head, first, rest),
+        lambda first, rest: chat_events(sm, sid, req, head, first, rest),
     )
 
 
@@ -146,7 +146,7 @@ async def _messages(sid: str, req: MessagesRequest, request: Request, sm: Sessio
         turn,
         bool(req.stream),
         lambda res: messages_body(sm, turn, res),
-        lambda first, rest: messages_events(sm, turn, first, rest),
+        lambda first, rest: messages_events(sm, sid, turn, first, rest),
     )
 
 

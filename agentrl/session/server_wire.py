@@ -13,6 +13,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.session.sdk_fields import Guard, SDKModel
 from agentrl.types import FunctionCall, Message, SamplingParams, ToolCall, ToolSpec
 
 __all__ = [
@@ -28,7 +29,8 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ContentPart(_In):
+class ContentPart(SDKModel):
+    IGNORED = frozenset({"prompt_cache_breakpoint"})
     type: Literal["text"]
     text: str
 
@@ -80,12 +82,42 @@ class ChatMessageIn(_In):
         )
 
 
-class StreamOptions(_In):
+class StreamOptions(SDKModel):
+    IGNORED = frozenset({"include_obfuscation"})
     include_usage: bool | None = None
 
 
-class ChatCompletionRequest(_In):
-    """The OpenAI chat-completions request fields agentrl serves (unknown fields are rejected)."""
+class ChatCompletionRequest(SDKModel):
+    """The OpenAI chat-completions request fields agentrl serves.
+
+    The SDK's other fields are dropped when they cannot change sampling (``IGNORED``) and
+    refused unless neutral when they would (``GUARDED``); unknown fields are rejected.
+    """
+
+    IGNORED = frozenset(
+        {
+            "service_tier",
+            "prompt_cache_key",
+            "prompt_cache_options",
+            "prompt_cache_retention",
+            "safety_identifier",
+            "moderation",
+            "prediction",  # predicted outputs only speed a reply up
+            "reasoning_effort",  # the model decides whether it reasons (as with Responses' reasoning)
+            "verbosity",
+        }
+    )
+    GUARDED = {
+        "frequency_penalty": Guard("send 0 or leave it out"),
+        "presence_penalty": Guard("send 0 or leave it out"),
+        "logit_bias": Guard("leave it out"),
+        "response_format": Guard('send {"type": "text"} or leave it out', {"type": "text"}),
+        "functions": Guard("declare function tools in 'tools'"),
+        "function_call": Guard("use 'tool_choice'", "none", "auto"),
+        "modalities": Guard('send ["text"] or leave it out', ["text"]),
+        "audio": Guard("leave it out (text only)"),
+        "web_search_options": Guard("leave it out (hosted tools are not served)"),
+    }
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     model: str | None = None

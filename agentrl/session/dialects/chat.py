@@ -16,7 +16,7 @@ from typing import Any
 
 from agentrl.engines.protocol import TokenDelta
 from agentrl.session.backend import ChatResult
-from agentrl.session.dialects.common import TextStream, classify, pieces
+from agentrl.session.dialects.common import TextStream, classify, note_mismatch, pieces
 from agentrl.session.manager import SessionManager
 from agentrl.session.server_wire import ChatCompletionRequest
 from agentrl.types import Message
@@ -77,6 +77,7 @@ def chat_body(
 
 async def chat_events(
     sm: SessionManager,
+    session_id: str,
     req: ChatCompletionRequest,
     head: dict[str, Any],
     first: TokenDelta | ChatResult,
@@ -106,8 +107,7 @@ async def chat_events(
             fn = {"name": c.function.name, "arguments": ""}
             yield data({"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": fn}]})
             yield data({"tool_calls": [{"index": i, "function": {"arguments": c.function.arguments}}]})
-        if ts.mismatch:
-            sm.counters["tito/stream_mismatches"] += 1
+        note_mismatch(sm, session_id, ts, res)
         yield data({}, "tool_calls" if calls else res.finish_reason)
         if req.stream_options and req.stream_options.include_usage:
             usage = {**chunk, "choices": [], "usage": usage_body(res), "agentrl": _agentrl(res)}

@@ -28,9 +28,20 @@ from fastapi.responses import StreamingResponse
 from agentrl.engines.protocol import TokenDelta
 from agentrl.session.backend import ChatResult
 from agentrl.session.incremental import IncrementalTokenizer
+from agentrl.session.manager import SessionManager
 from agentrl.types import Message, SamplingParams, ToolSpec
 
-__all__ = ["EventStream", "Piece", "TextStream", "TurnArgs", "final_text", "pieces", "sse_event"]
+__all__ = [
+    "EventStream",
+    "Piece",
+    "TextStream",
+    "TurnArgs",
+    "final_text",
+    "note_mismatch",
+    "pieces",
+    "sse_event",
+    "streamed_reply",
+]
 
 
 @dataclass
@@ -153,6 +164,25 @@ def final_text(res: ChatResult, parse_tools: bool) -> tuple[str | None, str | No
     if not parse_tools and res.message.tool_calls:
         return None, res.raw_text
     return res.message.reasoning_content, res.message.content
+
+
+def streamed_reply(ts: TextStream, res: ChatResult) -> Message:
+    """The assistant message a streamed turn's client put together: the text it was sent, the calls."""
+    calls = res.message.tool_calls if ts.parse_tools else None
+    return Message(
+        role="assistant",
+        content=ts.sent["content"] or None,
+        reasoning_content=ts.sent["reasoning"] or None,
+        tool_calls=calls,
+    )
+
+
+def note_mismatch(sm: SessionManager, session_id: str, ts: TextStream, res: ChatResult) -> None:
+    """Count a streamed turn whose final parse did not extend what was sent, and keep what was sent
+    (so the client's copy, sent back, extends the segment)."""
+    if ts.mismatch:
+        sm.counters["tito/stream_mismatches"] += 1
+        sm.note_returned(session_id, res, streamed_reply(ts, res))
 
 
 Piece = tuple[str, str]

@@ -29,16 +29,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engines.protocol import TokenDelta
 from agentrl.session.backend import ChatResult
-from agentrl.session.dialects.common import TextStream, TurnArgs, classify, pieces, sse_event
+from agentrl.session.dialects.common import TextStream, TurnArgs, classify, note_mismatch, pieces, sse_event
 from agentrl.session.errors import SessionRequestError
 from agentrl.session.manager import SessionManager
+from agentrl.session.sdk_fields import Guard, SDKModel
 from agentrl.types import FunctionCall, FunctionSpec, Message, SamplingParams, ToolCall, ToolSpec
 
 __all__ = ["MessagesRequest", "anthropic_error", "messages_body", "messages_events", "messages_turn"]
 
 
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _In(SDKModel):
+    pass
+
+
+_NO_TOOLSET = Guard("agentrl serves client tools only; leave it out")
 
 
 class CacheControl(BaseModel):
@@ -65,6 +69,8 @@ class RedactedThinkingBlock(_In):
 
 
 class ToolUseBlock(_In):
+    IGNORED = frozenset({"caller"})
+    GUARDED = {"toolset_name": _NO_TOOLSET}
     type: Literal["tool_use"]
     id: str
     name: str = Field(min_length=1)
@@ -73,6 +79,7 @@ class ToolUseBlock(_In):
 
 
 class ToolResultBlock(_In):
+    GUARDED = {"toolset_name": _NO_TOOLSET}
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[TextBlock] | None = None
@@ -92,11 +99,13 @@ Block = Annotated[
 
 
 class MessageParam(_In):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 
 class ToolParam(_In):
+    IGNORED = frozenset({"allowed_callers", "defer_loading", "eager_input_streaming", "strict"})
+    GUARDED = {"input_examples": Guard("leave it out (agentrl does not render them into the prompt)")}
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any]
@@ -111,12 +120,31 @@ class ToolChoice(_In):
 
 
 class ThinkingConfig(_In):
-    type: Literal["enabled", "disabled", "adaptive"]
+    IGNORED = frozenset({"display"})
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = None
 
 
+class OutputConfig(_In):
+    IGNORED = frozenset({"effort"})
+    GUARDED = {"format": Guard("leave it out (the reply is the model's free text)")}
+
+
 class MessagesRequest(_In):
-    """The Anthropic Messages fields agentrl serves (unknown fields are a 422 naming them)."""
+    """The Anthropic Messages fields agentrl serves; the SDK's others are ignored or guarded
+    (:mod:`agentrl.session.sdk_fields`), unknown ones a 422 naming them."""
+
+    IGNORED = frozenset(
+        {
+            "cache_control",
+            "container",
+            "diagnostics",
+            "inference_geo",
+            "speed",
+            "user_profile_id",
+            "workspace_id",
+        }
+    )
 
     messages: list[MessageParam] = Field(min_length=1)
     model: str | None = None
@@ -131,6 +159,7 @@ class MessagesRequest(_In):
     stream: bool | None = None
     metadata: dict[str, Any] | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
     service_tier: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -142,6 +171,9 @@ def _to_messages(req: MessagesRequest) -> list[Message]:
         out.append(Message(role="system", content=text))
     for i, m in enumerate(req.messages):
         blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        if m.role == "system":
+            out.append(Message(role="system", content="".join(_system_text(b, i) for b in blocks)))
+            continue
         if m.role == "user":
             texts = []
             for b in blocks:
@@ -169,10 +201,36 @@ def _to_messages(req: MessagesRequest) -> list[Message]:
                 raise SessionRequestError(
                     f"messages.{i}.content: a 'tool_result' block belongs in a user turn, not an assistant turn"
                 )
-        out.append(
-            Message(role="assistant", content=content, reasoning_content=reasoning, tool_calls=calls or None)
+        turn = Message(
+            role="assistant", content=content, reasoning_content=reasoning, tool_calls=calls or None
         )
+        if i > 0 and req.messages[i - 1].role == "assistant":  # one turn, as Anthropic combines them
+            turn = _combined(out.pop(), turn)
+        out.append(turn)
     return out
+
+
+def _system_text(b: Any, i: int) -> str:
+    if not isinstance(b, TextBlock):
+        raise SessionRequestError(
+            f"messages.{i}.content: a system message holds text blocks only, not {b.type!r}"
+        )
+    return b.text
+
+
+def _combined(a: Message, b: Message) -> Message:
+    """Two consecutive assistant messages as the one turn Anthropic reads them as."""
+
+    def join(x: str | None, y: str | None) -> str | None:
+        return None if x is None and y is None else (x or "") + (y or "")
+
+    calls = [*(a.tool_calls or []), *(b.tool_calls or [])]
+    return Message(
+        role="assistant",
+        content=join(a.content, b.content),
+        reasoning_content=join(a.reasoning_content, b.reasoning_content),
+        tool_calls=calls or None,
+    )
 
 
 def messages_turn(req: MessagesRequest, default_max: int) -> TurnArgs:
@@ -270,6 +328,7 @@ def anthropic_error(status: int, message: str, kind: str) -> JSONResponse:
 
 async def messages_events(
     sm: SessionManager,
+    session_id: str,
     turn: TurnArgs,
     first: TokenDelta | ChatResult,
     rest: AsyncGenerator[TokenDelta | ChatResult, None],
@@ -345,8 +404,7 @@ async def messages_events(
                 delta={"type": "input_json_delta", "partial_json": partial},
             )
             yield ev("content_block_stop", index=index)
-        if ts.mismatch:
-            sm.counters["tito/stream_mismatches"] += 1
+        note_mismatch(sm, session_id, ts, res)
         reason, seq = _stop_reason(res, bool(reply.tool_calls))
         usage = _usage(res)
         yield ev("message_delta", delta={"stop_reason": reason, "stop_sequence": seq}, usage=usage)

@@ -1,13 +1,6 @@
 """The OpenAI Responses dialect: ``POST /sessions/{id}/v1/responses`` on the session's ledger.
 
-Input items become OpenAI-shaped messages for the ledger: ``instructions`` is a system message
-first; ``message`` items (``input_text`` / ``output_text`` parts) keep their role; consecutive
-assistant items of one turn — a ``reasoning`` item, an assistant ``message``, ``function_call``
-items — merge into one assistant message (reasoning, content, tool calls);
-``function_call_output`` is a tool message answering its ``call_id``. With
-``previous_response_id`` the conversation is that response's input and output (kept with the
-session; instructions are not carried over, as OpenAI does) followed by the new input.
-
+The request and the ledger turn it becomes are :mod:`agentrl.session.dialects.responses_request`.
 The reply is a ``reasoning`` item (when the model reasoned), a ``message`` item with one
 ``output_text`` part (when it wrote text) and one ``function_call`` item per tool call;
 ``status`` is ``incomplete`` with ``incomplete_details.reason = "max_output_tokens"`` when the
@@ -20,234 +13,22 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from typing import Any
 
 from agentrl.engines.protocol import TokenDelta
 from agentrl.session.backend import ChatResult
-from agentrl.session.dialects.common import TextStream, TurnArgs, classify, pieces, sse_event
-from agentrl.session.errors import SessionRequestError
+from agentrl.session.dialects.common import TextStream, TurnArgs, classify, note_mismatch, pieces, sse_event
+from agentrl.session.dialects.responses_request import STATE, ResponsesRequest, responses_turn
 from agentrl.session.manager import SessionManager
-from agentrl.types import FunctionCall, FunctionSpec, Message, SamplingParams, ToolCall, ToolSpec
+from agentrl.types import Message, ToolCall
 
 __all__ = ["ResponsesRequest", "response_body", "response_events", "responses_turn"]
-
-_STATE = "responses"  # key of the session's stored responses in SessionManager.session_state
-
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class TextPart(_In):
-    type: Literal["input_text", "output_text", "text"]
-    text: str
-    annotations: list[Any] | None = None
-    logprobs: list[Any] | None = None
-
-
-class RefusalPart(_In):
-    type: Literal["refusal"]
-    refusal: str
-
-
-Part = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
-
-
-class MessageItem(_In):
-    type: Literal["message"] = "message"
-    role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[Part]
-    id: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text if isinstance(p, TextPart) else p.refusal for p in self.content)
-
-
-class FunctionCallItem(_In):
-    type: Literal["function_call"]
-    call_id: str
-    name: str = Field(min_length=1)
-    arguments: str
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionCallOutputItem(_In):
-    type: Literal["function_call_output"]
-    call_id: str
-    output: str | list[TextPart]
-    id: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
-
-
-class ReasoningText(_In):
-    type: Literal["summary_text", "reasoning_text"]
-    text: str
-
-
-class ReasoningItem(_In):
-    type: Literal["reasoning"]
-    id: str | None = None
-    summary: list[ReasoningText] = Field(default_factory=list)
-    content: list[ReasoningText] | None = None
-    encrypted_content: str | None = None
-    status: str | None = None
-
-    def text(self) -> str:
-        parts = self.content if self.content else self.summary
-        return "".join(p.text for p in parts)
-
-
-def _item_tag(v: Any) -> str:
-    """An item's ``type``; a bare ``{"role", "content"}`` (the SDKs' easy input message) is a message."""
-    return str(v.get("type", "message")) if isinstance(v, dict) else str(getattr(v, "type", "message"))
-
-
-Item = Annotated[
-    Annotated[MessageItem, Tag("message")]
-    | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-    | Annotated[ReasoningItem, Tag("reasoning")],
-    Discriminator(_item_tag),
-]
-
-
-class FunctionTool(_In):
-    type: Literal["function"]
-    name: str = Field(min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    def spec(self) -> ToolSpec:
-        params = self.parameters or {"type": "object", "properties": {}}
-        return ToolSpec(
-            function=FunctionSpec(name=self.name, description=self.description or "", parameters=params)
-        )
-
-
-class ReasoningConfig(_Lenient):
-    effort: str | None = None
-    summary: str | None = None
-
-
-class ResponsesRequest(_In):
-    """The Responses fields agentrl serves (unknown fields are a 422 naming them)."""
-
-    input: str | list[Item] = Field(min_length=1)
-    model: str | None = None
-    instructions: str | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    previous_response_id: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_logprobs: int | None = Field(None, ge=0, le=0)
-    stream: bool | None = None
-    stream_options: dict[str, Any] | None = None
-    store: bool | None = None
-    metadata: dict[str, str] | None = None
-    reasoning: ReasoningConfig | None = None
-    text: dict[str, Any] | None = None
-    truncation: Literal["disabled", "auto"] | None = None
-    include: list[str] | None = None
-    user: str | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
-    max_tool_calls: int | None = None
-    seed: int | None = None
-    top_k: int | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-
-
-def _items_to_messages(items: list[Any]) -> list[Message]:
-    """Input items as ledger messages (see the module docstring); one assistant turn per run of
-    assistant items in the order reasoning, message, function calls."""
-    out: list[Message] = []
-    turn: dict[str, Any] | None = None
-    stage = -1
-
-    def flush() -> None:
-        nonlocal turn, stage
-        if turn is not None:
-            out.append(Message(role="assistant", **turn))
-        turn, stage = None, -1
-
-    for it in items:
-        if isinstance(it, MessageItem) and it.role != "assistant":
-            flush()
-            out.append(Message(role="system" if it.role == "developer" else it.role, content=it.text()))
-            continue
-        if isinstance(it, FunctionCallOutputItem):
-            flush()
-            out.append(Message(role="tool", tool_call_id=it.call_id, content=it.text()))
-            continue
-        now = 0 if isinstance(it, ReasoningItem) else 1 if isinstance(it, MessageItem) else 2
-        if turn is None or now < stage or (now == stage and now < 2):
-            flush()
-            turn = {"content": None, "reasoning_content": None, "tool_calls": None}
-        stage = now
-        if isinstance(it, ReasoningItem):
-            turn["reasoning_content"] = it.text()
-        elif isinstance(it, MessageItem):
-            turn["content"] = it.text()
-        elif isinstance(it, FunctionCallItem):
-            call = ToolCall(id=it.call_id, function=FunctionCall(name=it.name, arguments=it.arguments))
-            turn["tool_calls"] = [*(turn["tool_calls"] or []), call]
-    flush()
-    return out
-
-
-def responses_turn(sm: SessionManager, session_id: str, req: ResponsesRequest, default_max: int) -> TurnArgs:
-    """The ledger turn for a Responses request (raises SessionRequestError for a bad history)."""
-    items: list[Any] = (
-        [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
-    )
-    history: list[Message] = []
-    if req.previous_response_id is not None:
-        stored: dict[str, list[Message]] = sm.session_state(session_id).get(_STATE, {})
-        if req.previous_response_id not in stored:
-            raise SessionRequestError(
-                f"previous_response_id: no response {req.previous_response_id!r} in session {session_id!r}; "
-                "send the id of a response this session returned, or the whole input instead"
-            )
-        history = stored[req.previous_response_id]
-    conv = [*history, *_items_to_messages(items)]
-    if not any(m.role != "system" for m in conv):
-        raise SessionRequestError("input: no user, assistant or tool item; send at least one")
-    messages = ([Message(role="system", content=req.instructions)] if req.instructions else []) + conv
-    fields: dict[str, Any] = {"max_new_tokens": req.max_output_tokens or default_max}
-    for name in ("temperature", "top_p", "top_k", "seed"):
-        if getattr(req, name) is not None:
-            fields[name] = getattr(req, name)
-    return TurnArgs(
-        messages=messages,
-        tools=[t.spec() for t in req.tools] if req.tools else None,
-        sampling=SamplingParams.model_validate(fields),
-        template_kwargs=req.chat_template_kwargs,
-        parse_tools=req.tool_choice != "none",
-    )
 
 
 def _store(sm: SessionManager, session_id: str, rid: str, turn: TurnArgs, reply: Message) -> None:
     """Keep the response's conversation (without instructions) for ``previous_response_id``."""
     conv = turn.messages[1:] if turn.messages and turn.messages[0].role == "system" else turn.messages
-    sm.session_state(session_id).setdefault(_STATE, {})[rid] = [*conv, reply]
+    sm.session_state(session_id).setdefault(STATE, {})[rid] = [*conv, reply]
 
 
 def _reply(res: ChatResult, parse_tools: bool) -> Message:
@@ -479,8 +260,7 @@ async def response_events(
             item = _call_item(c, "completed")
             output.append(item)
             yield ev("response.output_item.done", output_index=i, item=item)
-        if ts.mismatch:
-            sm.counters["tito/stream_mismatches"] += 1
+        note_mismatch(sm, session_id, ts, res)
         _store(sm, session_id, ids["resp"], turn, reply)
         final = _finished(env, res, output)
         yield ev(
