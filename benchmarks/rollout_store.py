@@ -8,7 +8,7 @@
 
 Each run is ``agentrl train --env countdown`` (the demo's settings) with ``--save-rollouts all`` or
 ``none``, the same seed. The table gives, per run, the mean step time (steps after the first), the
-store's own time per step as the run measured it (``store/seconds``: rows built, pieces decoded,
+store's own time per step as the run measured it (``time/store``: rows built, pieces decoded,
 Parquet written and fsynced) and its share of the step, the store's bytes and its bytes per token
 and per episode. ``all / none`` compares the step times of the two runs (noise included: a run's
 step times vary by a few per cent on a shared machine); the in-run share is the exact cost.
@@ -45,11 +45,11 @@ def numbers(run_dir: Path) -> dict[str, float]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     train = [r for r in rows if r["kind"] == "train"][1:]  # the first step warms caches up
     out = {"step_s": statistics.mean(r["time/step"] for r in train)}
-    if "store/seconds" in train[0]:
+    if "time/store" in train[0]:
         import agentrl.rollouts as R
 
-        out["store_s"] = statistics.mean(r["store/seconds"] for r in train)
-        out["share"] = statistics.mean(r["store/seconds"] / r["time/step"] for r in train)
+        out["store_s"] = statistics.mean(r["time/store"] for r in train)
+        out["share"] = statistics.mean(r["time/store"] / r["time/step"] for r in train)
         files = R.list_files(run_dir)
         size = sum(f.size for f in files)
         t = R.load(run_dir, columns=["token_ids", "loss_mask"])

@@ -44,7 +44,7 @@ class RunStore:
     def train(
         self, step: int, res: RolloutResult, record: Mapping[tuple[str, int], Any], trained_version: int
     ) -> dict[str, float]:
-        """Write step ``step``'s episodes; returns ``store/`` metrics (seconds, bytes, episodes)."""
+        """Write step ``step``'s episodes; returns its metrics (``time/store``, ``store/bytes``, ``store/episodes``)."""
         t0 = time.perf_counter()
         fated: list[tuple[list[Episode], str]] = [
             *((g, "trained") for g in res.groups),
@@ -100,7 +100,7 @@ class RunStore:
         before, self.last_rows = self.writer.bytes_written, rows
         self.writer.write(kind, step, rows)
         return {
-            "store/seconds": time.perf_counter() - t0,
+            "time/store": time.perf_counter() - t0,
             "store/bytes": float(self.writer.bytes_written - before),
             "store/episodes": float(len(rows)),
         }
