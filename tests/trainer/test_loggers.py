@@ -12,6 +12,7 @@ import json
 import os
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +236,14 @@ def test_wandb_offline_run_holds_the_metrics_per_kind_step_and_the_table(offline
         offline, tensorboard=False, log=["wandb"], config={"rollout": {"group_size": 3}}, table_size=4
     )
     _log_a_run(log)
-    records = _wandb_records(offline)
+    # wandb's service process writes the run file; on a busy machine its last records can land a
+    # moment after finish() returned: read until the run's exit record is there (or 60 s passed)
+    deadline = time.monotonic() + 60
+    while True:
+        records = _wandb_records(offline)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     history = _history(records)
     # every record is there, each against its own kind's step, although the steps restart per kind
     train = [
