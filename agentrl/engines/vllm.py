@@ -171,9 +171,10 @@ class VLLMEngine(RemoteEngine):
 
     # ------------------------------------------------------------------ generation
 
-    async def generate(
-        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
-    ) -> Generation:
+    def _request(
+        self, input_ids: list[int], sampling: SamplingLike, request_id: str | None
+    ) -> tuple[list[int], str, dict[str, Any]]:
+        """A generation's checked prompt, request id and body (``generate`` and ``generate_stream``)."""
         if self._broken is not None:
             raise EngineUnavailableError(self._broken)
         params = parse_sampling(sampling)
@@ -181,9 +182,19 @@ class VLLMEngine(RemoteEngine):
             input_ids, params, vocab_size=self.vocab_size, max_context=self.max_context, whose="the model's"
         )
         rid = request_id or uuid.uuid4().hex
-        body = {"token_ids": ids, "request_id": rid, "sampling_params": to_vllm_sampling(params)}
+        body: dict[str, Any] = {
+            "token_ids": ids,
+            "request_id": rid,
+            "sampling_params": to_vllm_sampling(params),
+        }
         if self._salt is not None:  # only KV computed by the weights this request was sent under
             body["cache_salt"] = self._salt
+        return ids, rid, body
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
+    ) -> Generation:
+        ids, rid, body = self._request(input_ids, sampling, request_id)
         submitted = self._version
         out = await self._post_generation("/inference/v1/generate", body, rid)
         return self._generation(out, rid, len(ids), submitted)
@@ -193,19 +204,8 @@ class VLLMEngine(RemoteEngine):
     ) -> AsyncGenerator[TokenDelta | Generation, None]:
         """:meth:`generate`, streamed (``stream: true``): a :class:`TokenDelta` per chunk vLLM sends
         as it samples, then the :class:`Generation`. Closing the iterator early aborts the request."""
-        if self._broken is not None:
-            raise EngineUnavailableError(self._broken)
-        params = parse_sampling(sampling)
-        ids = check_prompt(
-            input_ids, params, vocab_size=self.vocab_size, max_context=self.max_context, whose="the model's"
-        )
-        rid = request_id or uuid.uuid4().hex
-        body: dict[str, Any] = {
-            "token_ids": ids, "request_id": rid, "sampling_params": to_vllm_sampling(params),
-            "stream": True, "stream_options": {"include_usage": True},
-        }  # fmt: skip
-        if self._salt is not None:
-            body["cache_salt"] = self._salt
+        ids, rid, body = self._request(input_ids, sampling, request_id)
+        body.update(stream=True, stream_options={"include_usage": True})
         submitted, path = self._version, "/inference/v1/generate"
         out_ids: list[int] = []
         content: list[dict[str, float]] = []
