@@ -17,6 +17,10 @@
         ├── ToolError                        raised inside a ``@tool`` to send an error message to the model
         ├── EnvInfraError (InfraError)       the env's own infrastructure failed (a sandbox died, a backing
         │                                    service is down): aborts the episode, never shown to the model
+        ├── DatasetSourceError (ConfigError) a dataset source cannot be read: no such file, a bad line, no
+        │                                    rows, a missing column (``--dataset``; fails before work starts)
+        ├── RewardFunctionError (ConfigError) a reward function cannot be loaded, raised, or returned the
+        │                                    wrong length, NaN or a non-number (names the function and row)
         ├── EnvCheckError (AssertionError)   ``check_env`` found a violation (message names check, cause, fix)
         └── RemoteEnvError                   the env server client failed
             ├── EnvConnectionError           could not connect / connection dropped (safe to retry a create)
@@ -32,9 +36,10 @@ for callers and env authors.
 
 from __future__ import annotations
 
-from agentrl.errors import AgentRLError, InfraError
+from agentrl.errors import AgentRLError, ConfigError, InfraError
 
 __all__ = [
+    "DatasetSourceError",
     "EnvCheckError",
     "EnvConnectionError",
     "EnvContractError",
@@ -50,6 +55,7 @@ __all__ = [
     "RegistrationError",
     "RemoteEnvError",
     "ResetNeededError",
+    "RewardFunctionError",
     "ServerBusyError",
     "ToolError",
     "UnknownEnvError",
@@ -107,6 +113,20 @@ class EnvInfraError(EnvError, InfraError):
     sandbox's failures (``SandboxLost``, ``LeaseExpired``) carry too: a tool that runs code in a
     sandbox gets the same treatment for free, and ``except InfraError`` catches both.
     """
+
+
+class DatasetSourceError(EnvError, ConfigError):
+    """A dataset source cannot be used: no such file or id, a malformed line, no rows, a missing column.
+
+    A :class:`~agentrl.errors.ConfigError`: the run stops before (or at) its first episode, naming
+    the source, the row or column and the fix, instead of retrying it as infrastructure."""
+
+
+class RewardFunctionError(EnvError, ConfigError):
+    """A reward function cannot be loaded, raised, or returned something other than one finite number per
+    completion. The message names the function, the row and what it returned. A
+    :class:`~agentrl.errors.ConfigError`: the run stops (a bug in a reward is not infrastructure and
+    retrying it would only hide it), unless the user chose ``--reward-errors zero``."""
 
 
 class ToolError(EnvError):

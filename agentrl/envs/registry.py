@@ -332,7 +332,7 @@ def resolve_env(env: str) -> str:
 def import_modules(modules: Iterable[str], *, flag: str = "--import") -> None:
     """Import each module (it registers envs), the current directory first on ``sys.path`` like ``python -m``."""
     for module in modules:
-        _import_module(module, f"{flag} {module}")
+        load_module(module, f"{flag} {module}")
 
 
 def _register(ref: str) -> str:
@@ -342,9 +342,9 @@ def _register(ref: str) -> str:
             f"env {ref!r}: expected module:Class or path/to/file.py:Class (both parts non-empty)"
         )
     if where.endswith(".py") or "/" in where or os.sep in where:
-        module, canonical = _load_file(ref, where), f"{Path(where).resolve()}:{attr}"
+        module, canonical = load_file_module(ref, where), f"{Path(where).resolve()}:{attr}"
     else:
-        module, canonical = _import_module(where, f"env {ref!r}"), f"{where}:{attr}"
+        module, canonical = load_module(where, f"env {ref!r}"), f"{where}:{attr}"
     cls = _find_class(ref, module, attr)
     named = f"{cls.__module__}:{cls.__qualname__}"
     same = [s.id for s in list_envs() if s.entry_point is cls or s.entry_point == named]
@@ -364,7 +364,8 @@ def _put_cwd_on_path() -> str:
     return cwd
 
 
-def _import_module(module: str, what: str) -> types.ModuleType:
+def load_module(module: str, what: str) -> types.ModuleType:
+    """Import ``module`` with the current directory on ``sys.path``; failures name ``what``."""
     cwd = _put_cwd_on_path()
     try:
         return importlib.import_module(module)
@@ -380,7 +381,9 @@ def _import_module(module: str, what: str) -> types.ModuleType:
         raise EnvReferenceError(f"{what}: importing {module!r} failed: {_describe(e)}") from e
 
 
-def _load_file(ref: str, where: str) -> types.ModuleType:
+def load_file_module(ref: str, where: str, kind: str = "env") -> types.ModuleType:
+    """Load ``where`` (a ``.py`` path) as a module of its own, once per process (see the module docstring);
+    ``kind`` names what ``ref`` is in the errors (``env``, ``reward``, ...)."""
     path = Path(where)
     full = path.resolve()
     if not full.is_file():
@@ -390,7 +393,7 @@ def _load_file(ref: str, where: str) -> types.ModuleType:
             close = difflib.get_close_matches(full.name, siblings, n=1)
             near = f"; did you mean {str(path.with_name(close[0]))!r}?" if close else ""
         raise EnvReferenceError(
-            f"env {ref!r}: file {where!r} does not exist (relative paths are from the current "
+            f"{kind} {ref!r}: file {where!r} does not exist (relative paths are from the current "
             f"directory {os.getcwd()}){near}"
         )
     digest = hashlib.sha1(str(full).encode()).hexdigest()[:8]
@@ -403,14 +406,14 @@ def _load_file(ref: str, where: str) -> types.ModuleType:
             return module
     spec = importlib.util.spec_from_file_location(name, full)
     if spec is None or spec.loader is None:
-        raise EnvReferenceError(f"env {ref!r}: {where!r} cannot be loaded as a Python module")
+        raise EnvReferenceError(f"{kind} {ref!r}: {where!r} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it: dataclasses and pickling look the module up
     try:
         spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[name]
-        raise EnvReferenceError(f"env {ref!r}: loading {where!r} failed: {_describe(e)}") from e
+        raise EnvReferenceError(f"{kind} {ref!r}: loading {where!r} failed: {_describe(e)}") from e
     return module
 
 

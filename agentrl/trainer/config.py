@@ -1,9 +1,9 @@
 """The run's configuration: the frozen dataclasses of `agentrl train` and how they are resolved.
 
 Every option lives once, as a field with its default and a one-line docstring
-under it, in one of six sections (``[model]``, ``[rollout]``, ``[algo]``,
+under it, in one of seven sections (``[model]``, ``[rollout]``, ``[algo]``,
 ``[optim]``, ``[run]``, with ``[algo]`` in :mod:`agentrl.trainer.algo_config` and ``[cluster]`` in
-:mod:`agentrl.trainer.cluster_config`). The flags (``group_size`` becomes ``--group-size``), the
+:mod:`agentrl.trainer.cluster_config`, ``[data]`` in :mod:`agentrl.trainer.data_config`). The flags (``group_size`` becomes ``--group-size``), the
 TOML reader and writer and the type checks are generated from the fields by
 :mod:`agentrl.configlib`; this module adds what is the run's own: :func:`resolve`
 merges defaults < the env's registered demo preset < TOML < flags given on the
@@ -26,6 +26,7 @@ from agentrl import configlib
 from agentrl.configlib import fail as _fail
 from agentrl.trainer.algo_config import AlgoConfig
 from agentrl.trainer.cluster_config import ClusterConfig, check_ray
+from agentrl.trainer.data_config import DataConfig, apply_dataset
 from agentrl.trainer.loggers import log_targets
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AlgoConfig",
     "ClusterConfig",
+    "DataConfig",
     "ModelConfig",
     "OptimConfig",
     "RolloutConfig",
@@ -294,6 +296,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
 
     def __post_init__(self) -> None:
         a, r = self.algo, self.rollout
@@ -407,6 +410,7 @@ def resolve(
                 raise configlib.unknown_key(key, sorted(owner), "overrides")
             sec, name = owner[key], key
         values[sec][name] = v
+    apply_dataset(values)  # --dataset is the dataset env with the [data] section as its arguments
     _apply_preset(values, _find_env(values))
     return TrainConfig(**configlib.build_sections(SECTIONS, values))
 

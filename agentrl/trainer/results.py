@@ -45,6 +45,9 @@ class Episode:
     """why each model turn ended (``stop``, ``length``, ...), in order"""
     seconds: float = 0.0
     """the episode's wall time over all its attempts"""
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    """the reward's named components (``info["reward_components"]`` of the env's steps, summed over
+    turns), e.g. each reward function of a dataset; logged as ``reward/<name>``"""
 
 
 @dataclass
@@ -122,8 +125,20 @@ def summarize(played: Sequence[Sequence[Episode]], seconds: float) -> RolloutRes
         "rollout/infra_retries": float(counts["infra_retries"]),
         **{f"rollout/{key}": float(counts[key]) for key in _CAUSES.values()},
         "rollout/segments_per_episode": sum(len(e.trajectories) for e in done) / n,
+        **reward_part_means(done),
     }
     return RolloutResult(groups, metrics, errors[:1], dropped, lost)
+
+
+def reward_part_means(episodes: Sequence[Episode]) -> dict[str, float]:
+    """``reward/<name>``: each named reward component's mean over the episodes that report it."""
+    sums: dict[str, float] = {}
+    counts: Counter[str] = Counter()
+    for e in episodes:
+        for name, value in e.reward_parts.items():
+            sums[name] = sums.get(name, 0.0) + value
+            counts[name] += 1
+    return {f"reward/{name}": sums[name] / counts[name] for name in sorted(sums)}
 
 
 _SUMMED = {
@@ -152,6 +167,8 @@ def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> 
     weights = [len(p.episodes) for p in parts]
     metrics: dict[str, float] = {}
     for key in parts[0].metrics:
+        if key.startswith("reward/"):
+            continue  # recomputed below over every share's episodes
         values = [p.metrics.get(key, 0.0) for p in parts]
         if key in _SUMMED:
             metrics[key] = sum(values)
@@ -162,6 +179,7 @@ def merge_results(parts: Sequence[RolloutResult], task_seeds: Sequence[int]) -> 
     if "rollout/groups_dropped_frac" in metrics:
         lost = metrics.get("rollout/groups_dropped", 0.0)
         metrics["rollout/groups_dropped_frac"] = lost / max(metrics.get("rollout/groups", 0.0) + lost, 1.0)
+    metrics.update(reward_part_means([e for g in groups for e in g]))
     return RolloutResult(
         groups, metrics, errors[:1], sorted(t for p in parts for t in p.dropped),
         [g for p in parts for g in p.dropped_groups],

@@ -134,6 +134,8 @@ class _Play:
     turn_rewards: list[float] = field(default_factory=list)
     history: list[Message] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    """``info["reward_components"]`` of the env's steps, summed over turns (a dataset's rewards)"""
 
 
 async def _areset(env: Any, seed: int) -> tuple[list[Message], dict[str, Any]]:
@@ -219,6 +221,7 @@ class RolloutManager:
         return Episode(
             seed, group_id, p.reward, out, p.status, p.error, p.turns, attempt + 1, p.completion, p.truncated,
             p.cause, p.turn_rewards, [m.model_dump(exclude_none=True) for m in p.history], p.finish_reasons,
+            reward_parts=p.reward_parts,
         )  # fmt: skip
 
     async def _play(self, env: Any, sid: str, p: _Play, coords: tuple[int, int, float, int, int]) -> None:
@@ -250,8 +253,10 @@ class RolloutManager:
             p.turns += 1
             p.completion += res.completion_tokens
             p.finish_reasons.append(res.finish_reason)
-            obs, r, terminated, trunc, _ = await _astep(env, res.message)
+            obs, r, terminated, trunc, info = await _astep(env, res.message)
             p.reward += float(r)
+            for name, value in (info.get("reward_components") or {}).items():
+                p.reward_parts[name] = p.reward_parts.get(name, 0.0) + float(value)
             p.turn_rewards.append(float(r))
             history += [res.message, *obs]
             done = bool(terminated or trunc)
