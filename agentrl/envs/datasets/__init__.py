@@ -1,0 +1,1 @@
+"""Datasets as environments: a prompt per row, scored by reward functions over its columns."""
