@@ -67,6 +67,12 @@ def test_exceptions_memory_and_early_exits_are_the_programs_failures(reward: Cod
     assert [s.reward for s in scores] == [0.0] * 4
 
 
+def test_a_completion_without_a_usable_program_scores_zero_without_a_run(reward: CodeReward) -> None:
+    scores = reward.score(["", "```python\n```", "x = 1\x00"], [ADD_TESTS[:1]] * 3)
+    assert [s.outcomes for s in scores] == [("no_program",), ("no_program",), ("invalid_program",)]
+    assert reward.score([], []) == []
+
+
 def test_an_infinite_loop_scores_zero_at_its_timeout() -> None:
     with CodeReward(timeout_s=0.5, concurrency=1) as quick:
         [score] = quick.score(["def add(a, b):\n    while True:\n        pass\n"], [ADD_TESTS[:2]])

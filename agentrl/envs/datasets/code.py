@@ -8,11 +8,9 @@ A reward function with TRL's signature (``fn(completions, prompts, **columns) ->
          tests=[["assert add(1, 2) == 3", "assert add(0, 0) == 0"]])          # [1.0]
     strict = CodeReward(partial=False, timeout_s=2.0, tests_column="test_list")
 
-**The program** is the body of the last fenced block tagged ``python`` (``py``, ``python3``) in
-the completion, else of the last fenced block of any language, else the whole text
-(:func:`extract_program`). A fence is a line starting with three or more backticks; a block
-still open at the end of the text (a generation cut at its token limit) runs to the end. A chat
-completion (a list of messages) is read from its last assistant message.
+**The program** is the body of the last fenced block tagged ``python`` (``py``, ``python3``), else
+of the last fenced block, else the whole text (:func:`extract_program`); a block still open at
+the end runs to the end. A chat completion is read from its last assistant message.
 
 **The tests** are the row's ``tests`` column (``tests_column`` picks another), in one of three
 forms (:func:`parse_tests`):
@@ -25,13 +23,11 @@ forms (:func:`parse_tests`):
   program runs as ``__main__`` on that stdin, and passes when it exits 0 and its stdout equals
   the expected one line by line, trailing whitespace and trailing blank lines ignored.
 
-In the first two forms the program runs with ``__name__ == "solution"`` (its
-``if __name__ == "__main__":`` block does not run), and a test passes only when the process
-gets to the end of the test and prints a random token the program never sees in its own
-namespace, so a program that exits early (``sys.exit(0)``, ``os._exit(0)``) fails every test
-instead of passing them. (The program shares a process with the test: one that goes looking
-for that token in its caller's frames could still forge a pass. The stdin/stdout form is
-judged on the host from the output alone.)
+In the first two forms the program runs as module ``solution`` (its ``__main__`` block does not
+run), and a test passes only when the process reaches the end of the test and prints a random
+token, so a program that exits early (``sys.exit(0)``) fails every test instead of passing them.
+(A program that reads that token from its caller's frames could still forge a pass; the
+stdin/stdout form is judged on the host from the output alone.)
 
 **The score** is the fraction of tests passed (``partial=True``), or 1.0 when all pass and 0.0
 otherwise (``partial=False``, which stops at the first failing test). Each test is one run in a
@@ -96,18 +92,10 @@ Outcome = Literal[
 _PYTHON_TAGS = frozenset({"python", "py", "python3"})
 _OPEN_FENCE = re.compile(r"^ {0,3}(`{3,})[ \t]*([^`\s]*)[^`]*$")
 _SYNTAX = frozenset({"SyntaxError", "IndentationError", "TabError"})
-_LIMIT_OUTCOMES: dict[str, Outcome] = {
-    "timeout": "timeout",
-    "cpu_time": "timeout",
-    "memory": "memory",
-    "output_limit": "limit",
-    "pids": "limit",
-    "file_size": "limit",
-    "disk_full": "limit",
-    "signal": "error",
-    "crashed": "crashed",
-    "interpreter_damaged": "crashed",
-}
+# How a run the limits stopped scores; any other stop (crashed, interpreter_damaged) is "crashed".
+_LIMIT_OUTCOMES: dict[str, Outcome] = {"timeout": "timeout", "cpu_time": "timeout", "memory": "memory"}
+_LIMIT_OUTCOMES |= {"signal": "error", "output_limit": "limit", "pids": "limit", "file_size": "limit"}
+_LIMIT_OUTCOMES |= {"disk_full": "limit"}
 # Runs the program as module "solution", then the test in its namespace, then writes the token.
 # The test is compiled before the program runs, so the program cannot change what it checks.
 _HARNESS = """\
@@ -381,6 +369,8 @@ class CodeReward:
             )
         rows = [parse_tests(t, i, self.tests_column) for i, t in enumerate(tests)]
         programs = [extract_program(completion_text(c, i), self.language) for i, c in enumerate(completions)]
+        if not rows:
+            return []
         pool, workers = self._start()
         futures: list[Future[CodeScore]] = [
             workers.submit(self._score_one, pool, program, cases, row)
