@@ -61,10 +61,17 @@ def test_exceptions_memory_and_early_exits_are_the_programs_failures(reward: Cod
         "def add(a, b):\n    return len(bytearray(1 << 34))\n",
         "import sys\nsys.exit(0)\n",
         "import os\nos._exit(0)\n",
+        "import builtins\nbuiltins.exec = lambda *args, **kwargs: None\n",  # skip the test: no
     ]
-    scores = reward.score(programs, [ADD_TESTS[:1]] * 4)
-    assert [s.outcomes for s in scores] == [("error",), ("memory",), ("exited_early",), ("exited_early",)]
-    assert [s.reward for s in scores] == [0.0] * 4
+    scores = reward.score(programs, [ADD_TESTS[:1]] * 5)
+    assert [s.outcomes for s in scores] == [
+        ("error",),
+        ("memory",),
+        ("exited_early",),
+        ("exited_early",),
+        ("error",),  # the test ran: add is not defined
+    ]
+    assert [s.reward for s in scores] == [0.0] * 5
 
 
 def test_a_completion_without_a_usable_program_scores_zero_without_a_run(reward: CodeReward) -> None:

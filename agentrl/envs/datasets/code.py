@@ -97,15 +97,17 @@ _LIMIT_OUTCOMES: dict[str, Outcome] = {"timeout": "timeout", "cpu_time": "timeou
 _LIMIT_OUTCOMES |= {"signal": "error", "output_limit": "limit", "pids": "limit", "file_size": "limit"}
 _LIMIT_OUTCOMES |= {"disk_full": "limit"}
 # Runs the program as module "solution", then the test in its namespace, then writes the token.
-# The test is compiled before the program runs, so the program cannot change what it checks.
+# The test is compiled, and exec and os.write bound, before the program runs: a program that
+# patches builtins (exec = a no-op) cannot skip the test or change what it checks.
 _HARNESS = """\
 import os, sys
 _test = compile(open("test.py", encoding="utf-8").read(), "test.py", "exec")
+_exec, _write, _flush = exec, os.write, sys.stdout.flush
 _ns = {{"__name__": "solution", "__builtins__": __builtins__}}
-exec(compile(open("solution.py", encoding="utf-8").read(), "solution.py", "exec"), _ns)
-exec(_test, _ns)
-sys.stdout.flush()
-os.write(1, b"\\n" + {token!r} + b"\\n")
+_exec(compile(open("solution.py", encoding="utf-8").read(), "solution.py", "exec"), _ns)
+_exec(_test, _ns)
+_flush()
+_write(1, b"\\n" + {token!r} + b"\\n")
 """
 
 
