@@ -44,6 +44,10 @@ class DataConfig:
     """the gold reply built from the row, e.g. '<answer>{answer}</answer>', for the supervised warm start (--sft-steps) and check-env"""
     shuffle: bool = True
     """visit the rows in a seeded order, a new one each epoch (--seed); false: file order"""
+    tools: str = field(default="", metadata={"metavar": "MODULE_OR_FILE"})
+    """functions the model may call, from path/to/tools.py or a module (those marked @agentrl.envs.tool, else all public ones); a row's `tools` column picks its subset; the episode ends at a reply without tool calls"""
+    tool_turns: int = 8
+    """with --tools: assistant turns an episode may take before it is truncated"""
 
     def __post_init__(self) -> None:
         if self.eval_holdout < 0:
@@ -55,6 +59,8 @@ class DataConfig:
                 self.eval_holdout,
                 "must be a whole number of rows, or a fraction below 1",
             )
+        if self.tool_turns < 1:
+            _fail("data", "tool_turns", self.tool_turns, "must be >= 1")
         if not isinstance(self.reward_options, dict):
             _fail("data", "reward_options", self.reward_options, "must be a JSON object keyed by reward name")
         if not self.source:
@@ -97,6 +103,8 @@ class DataConfig:
             "order_seed": order_seed,
             "eval_seed_offset": eval_seed_offset,
             "warm_seed_offset": SFT_SEED_OFFSET,
+            "tools": self.tools,
+            "max_turns": self.tool_turns if self.tools else 1,
         }
 
 

@@ -35,8 +35,9 @@ import numpy as np
 from agentrl.envs.core import Env, StepResult, coerce_action
 from agentrl.envs.datasets.rewards import RewardFn, build_reward, call_reward
 from agentrl.envs.datasets.source import load_rows
+from agentrl.envs.datasets.tools import load_toolset
 from agentrl.envs.errors import DatasetSourceError, RewardFunctionError
-from agentrl.types import Message
+from agentrl.types import Message, ToolSpec
 
 __all__ = ["DatasetEnv", "dataset_rows"]
 
@@ -117,6 +118,8 @@ class DatasetEnv(Env):
         order_seed: int = 0,
         eval_seed_offset: int = 1_000_000,
         warm_seed_offset: int = 2_000_000,
+        tools: str = "",
+        max_turns: int = 0,
     ) -> None:
         if isinstance(rewards, str):
             rewards = [rewards]
@@ -147,6 +150,14 @@ class DatasetEnv(Env):
         self.where = ""
         self.prompt: Any = None
         self._scored: StepResult | None = None
+        self._toolenv = load_toolset(tools)() if tools else None
+        self.max_turns = max_turns or (8 if tools else 1)
+        if max_turns < 0:
+            raise DatasetSourceError(
+                f"max_turns must be >= 1 (or 0: 1 without tools, 8 with), got {max_turns}"
+            )
+        self._check_tools(tools)
+        self.transcript: list[Message] = []
 
     # ------------------------------------------------------------------ rows and prompts
 
@@ -185,6 +196,33 @@ class DatasetEnv(Env):
                 f"dataset {self.source!r}: the {what} {template!r} cannot be filled from row {index} "
                 f"({type(e).__name__}: {e}); its columns are {sorted(row)} (a literal brace is {{{{ or }}}})"
             ) from e
+
+    def _check_tools(self, ref: str) -> None:
+        known = set(self._toolenv._tool_table) if self._toolenv is not None else set()
+        for label, rows in (("training", self.train_rows), ("eval", self.eval_rows)):
+            for i, row in enumerate(rows):
+                names = row.get("tools")
+                if names is None:
+                    continue
+                if not ref:
+                    raise DatasetSourceError(
+                        f"dataset {self.source!r}: {label} row {i} names tools {names!r:.60}, but no --tools "
+                        "module provides them; pass --tools path/to/tools.py (or drop the tools column)"
+                    )
+                if not isinstance(names, list) or set(names) - known:
+                    raise DatasetSourceError(
+                        f"dataset {self.source!r}: {label} row {i} has tools {names!r:.80}; it must be a list "
+                        f"of the names {sorted(known)} that {ref!r} provides"
+                    )
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        """The tools this row offers: its ``tools`` column's names, else every tool of ``--tools``."""
+        if self._toolenv is None:
+            return []
+        names = self.row.get("tools") if self.row else None
+        table = self._toolenv._tool_table
+        return [t.spec for name, t in table.items() if names is None or name in names]
 
     def task_row(self, seed: int) -> tuple[str, int, dict[str, Any]]:
         """(split, row index, row) of a task seed: the block of seeds it falls in (training from 0,
@@ -233,6 +271,9 @@ class DatasetEnv(Env):
             seed = int(self.np_random.integers(len(self.train_rows)))
         split, index, self.row = self.task_row(seed)
         self.where = f"{split} row {index}"
+        self.transcript = []
+        if self._toolenv is not None:
+            self._toolenv.tool_calls = self._toolenv.tool_errors = 0
         messages = self._prompt_messages(self.row, self.where)
         self.prompt = (
             [m.model_dump(exclude_none=True) for m in messages]
@@ -244,7 +285,8 @@ class DatasetEnv(Env):
     def _batch(self, action: Message) -> tuple[list[Any], list[Any], dict[str, list[Any]]]:
         text = action.content or ""
         chat = not isinstance(self.prompt, str)
-        completion: Any = [{"role": "assistant", "content": text}] if chat else text
+        turns = [m.model_dump(exclude_none=True) for m in self.transcript]  # earlier tool rounds
+        completion: Any = [*turns, {"role": "assistant", "content": text}] if chat else text
         columns = {
             k: [v]
             for k, v in self.row.items()
@@ -252,7 +294,28 @@ class DatasetEnv(Env):
         }
         return [completion], [self.prompt], columns
 
+    def _tool_round(self, action: Message) -> StepResult:
+        """Run the turn's tool calls (only the row's tools); the episode goes on."""
+        assert self._toolenv is not None and action.tool_calls
+        offered = {t.function.name for t in self.tools}
+        replies = []
+        for call in action.tool_calls:
+            if call.function.name in offered:
+                replies.append(self._toolenv._call(call))
+            else:
+                self._toolenv.tool_calls += 1
+                self._toolenv.tool_errors += 1
+                content = f"error: unknown tool {call.function.name!r}; available tools: {', '.join(sorted(offered))}"
+                replies.append(
+                    Message(role="tool", tool_call_id=call.id, name=call.function.name, content=content)
+                )
+        self.transcript += [action, *replies]
+        counts = {"tool_calls": self._toolenv.tool_calls, "tool_errors": self._toolenv.tool_errors}
+        return StepResult(replies, 0.0, False, False, counts)
+
     async def _score(self, action: Message) -> StepResult:
+        if action.tool_calls and self._toolenv is not None:
+            return await asyncio.to_thread(self._tool_round, action)
         completions, prompts, columns = self._batch(action)
         parts: dict[str, float] = {}
         errors: dict[str, str] = {}
@@ -265,6 +328,8 @@ class DatasetEnv(Env):
                 parts[reward.name], errors[reward.name] = 0.0, str(e)
         total = sum(r.weight * parts[r.name] for r in self.rewards)
         info: dict[str, Any] = {"reward_components": parts, "split": self.where}
+        if self._toolenv is not None:
+            info.update(tool_calls=self._toolenv.tool_calls, tool_errors=self._toolenv.tool_errors)
         if self.reward_errors == "zero":
             info["reward_components"] = {
                 **parts,

@@ -137,3 +137,79 @@ def _renamed(path: str) -> str:
             row["question2"] = row.pop("question")
             g.write(json.dumps(row) + "\n")
     return out
+
+
+TOOLS = '''
+from agentrl.envs import tool
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool(name="upper")
+def shout(text: str) -> str:
+    """Upper-case text."""
+    return text.upper()
+
+
+def helper(x):  # not marked: not a tool
+    return x
+'''
+
+
+def _call(name: str, **arguments) -> dict:
+    return {
+        "id": f"c-{name}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def test_a_row_with_tools_is_a_multi_turn_tool_episode_scored_at_the_final_answer(tmp_path):
+    (tmp_path / "t.py").write_text(TOOLS)
+    rows = [
+        {"prompt": [{"role": "user", "content": "17 + 25? Use add."}], "answer": "42", "tools": ["add"]},
+        {"prompt": [{"role": "user", "content": "Say hi loudly."}], "answer": "HI"},
+    ]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "r.py").write_text(
+        "def seen(completions, **kw):\n    seen.last = completions\n    return [1.0]\n"
+    )
+    kwargs = {"source": str(tmp_path / "d.jsonl"), "rewards": ["exact", f"{tmp_path / 'r.py'}:seen"],
+              "tools": str(tmp_path / "t.py"), "shuffle": False}  # fmt: skip
+    env = make("dataset", **kwargs)
+    assert env.max_turns == 8
+    env.reset(seed=0)
+    assert [t.function.name for t in env.tools] == ["add"]  # the row's own subset
+    obs, reward, done, _, info = asyncio.run(
+        env.astep(
+            Message(
+                role="assistant", content="", tool_calls=[_call("add", a=17, b=25), _call("upper", text="x")]
+            )
+        )
+    )
+    assert [m.content for m in obs] == ["42", "error: unknown tool 'upper'; available tools: add"]
+    assert (reward, done, info["tool_calls"], info["tool_errors"]) == (0.0, False, 2, 1)
+    _, reward, done, _, info = env.step(reply("<answer>42</answer>"))
+    assert (reward, done, info["reward_components"]["exact"]) == (2.0, True, 1.0)
+    seen = env.rewards[1].fn.last[0]  # a chat dataset's completion: every message after the prompt
+    assert [m["role"] for m in seen] == ["assistant", "tool", "tool", "assistant"]
+    env.reset(seed=1)
+    assert sorted(t.function.name for t in env.tools) == ["add", "upper"]  # no tools column: all
+
+
+def test_bad_tools_settings_are_named(tmp_path, data):
+    (tmp_path / "t.py").write_text(TOOLS)
+    (tmp_path / "d.jsonl").write_text(json.dumps({"question": "q", "answer": "a", "tools": ["sub"]}) + "\n")
+    with pytest.raises(
+        DatasetSourceError,
+        match=r"row 0 has tools \['sub'\]; it must be a list of the names \['add', 'upper'\]",
+    ):
+        make("dataset", source=str(tmp_path / "d.jsonl"), rewards=["exact"], tools=str(tmp_path / "t.py"))
+    with pytest.raises(DatasetSourceError, match="names tools .* but no --tools module provides them"):
+        make("dataset", source=str(tmp_path / "d.jsonl"), rewards=["exact"])
+    with pytest.raises(DatasetSourceError, match="file 'missing.py' does not exist"):
+        make("dataset", source=data, rewards=["exact"], tools="missing.py")
