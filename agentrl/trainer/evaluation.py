@@ -26,7 +26,9 @@ Metrics (``eval/...``):
 - with samples: ``samples`` (n), ``sampled_episodes`` (played), ``sampled_reward`` (their mean
   reward), and for each k of ``eval_k``: ``pass@k`` with ``pass@k_lo``, ``pass@k_hi``, the mean
   over tasks of ``1 - C(n - c, k) / C(n, k)`` (c the task's successes among its n samples);
-- ``success_threshold``: the threshold used.
+- ``success_threshold``: the threshold used;
+- ``reward/<name>``: each named reward component (a dataset's reward functions) over the greedy
+  episodes that report it.
 
 The interval is a 95 % percentile bootstrap over tasks (2,000 resamples of the per-task values
 with replacement, a fixed seed, so every rank and every rerun prints the same): it says how much
@@ -145,10 +147,13 @@ class Outcome(NamedTuple):
     """failed for infrastructure after its retries: no reward, a failure"""
     completion_tokens: int = 0
     turns: int = 0
+    parts: tuple[tuple[str, float], ...] = ()
+    """the reward's named components (a dataset's reward functions), as ``Episode.reward_parts``"""
 
     @classmethod
     def of(cls, e: Episode) -> Outcome:
-        return cls(e.reward, e.status == "infra_error", e.completion_tokens, e.turns)
+        parts = tuple(sorted(e.reward_parts.items()))
+        return cls(e.reward, e.status == "infra_error", e.completion_tokens, e.turns, parts)
 
     def success(self, threshold: float) -> bool:
         return not self.dropped and self.reward >= threshold - TOLERANCE
@@ -172,6 +177,15 @@ def _with_ci(name: str, per_task: Sequence[float]) -> dict[str, float]:
     return {f"eval/{name}": _mean(per_task), f"eval/{name}_lo": lo, f"eval/{name}_hi": hi}
 
 
+def _part_means(outcomes: Sequence[Outcome]) -> dict[str, float]:
+    """``eval/reward/<name>``: each named reward component's mean over the greedy episodes reporting it."""
+    seen: dict[str, list[float]] = {}
+    for o in outcomes:
+        for name, value in o.parts:
+            seen.setdefault(name, []).append(value)
+    return {f"eval/reward/{name}": _mean(values) for name, values in sorted(seen.items())}
+
+
 def eval_metrics(tasks: Sequence[TaskResult], *, threshold: float, ks: Sequence[int]) -> dict[str, float]:
     """The ``eval/...`` metrics of the module docstring from every task's outcomes (all ranks')."""
     if not tasks:
@@ -186,6 +200,7 @@ def eval_metrics(tasks: Sequence[TaskResult], *, threshold: float, ks: Sequence[
         "eval/completion_tokens": _mean([o.completion_tokens for o in played]),
         "eval/turns": _mean([o.turns for o in played]),
         "eval/success_threshold": threshold,
+        **_part_means(played),
     }
     n = len(tasks[0].samples)
     if not n:

@@ -7,3 +7,9 @@ register(
     "agentrl.envs.datasets.env:DatasetEnv",
     description="rows of --dataset as tasks, scored by --reward functions (docs/datasets.md)",
 )
+
+register(
+    "mixture-v0",
+    "agentrl.envs.mixture:MixtureEnv",
+    description="several envs and datasets in one run, by weight (env_kwargs: sources=[...]; docs/datasets.md)",
+)
