@@ -29,7 +29,9 @@ Env references, what ``--env`` (and ``make``/``spec``) accept, each turned into 
 - ``path/to/file.py:MyEnv`` (a path ending in ``.py`` or containing a ``/``, relative to the
   current directory): the file is loaded as a module of its own, named after its absolute path
   (``agentrl_envfile_<hash>_<stem>``), so loading it again in this process reuses it; a file
-  this process imported already as a module (``--import``) is reused, not run a second time.
+  this process imported already as a module (``--import``) is reused, not run a second time;
+- ``PREFIX:NAME`` where ``PREFIX`` is a registered env source (``reasoning-gym:leg_counting``;
+  :mod:`agentrl.envs.sources`): the source registers the member's id on first use and returns it.
 
 The class must be an :class:`~agentrl.envs.Env` subclass. If the module registered that class
 under exactly one id (``examples/reverse_env.py`` registers ``reverse-v0``), the reference
@@ -68,6 +70,7 @@ import gymnasium
 
 from agentrl.envs.core import Env
 from agentrl.envs.errors import EnvReferenceError, RegistrationError, UnknownEnvError
+from agentrl.envs.sources import find_source
 
 __all__ = [
     "EnvSpec",
@@ -306,7 +309,7 @@ _ref_lock = threading.RLock()
 
 
 def is_reference(env: str) -> bool:
-    """Whether ``env`` names a class (``module:Class``, ``file.py:Class``) rather than a registered id."""
+    """Whether ``env`` is a reference (``module:Class``, ``file.py:Class``, ``source:NAME``), not an id."""
     return ":" in env
 
 
@@ -336,6 +339,15 @@ def import_modules(modules: Iterable[str], *, flag: str = "--import") -> None:
 
 
 def _register(ref: str) -> str:
+    load_plugins()  # the shipped sources register themselves
+    source = find_source(ref)
+    if source is not None:
+        env_id = source.resolve(ref.partition(":")[2])
+        if env_id not in _registry:
+            raise RegistrationError(
+                f"env source {source.prefix!r} resolved {ref!r} to {env_id!r}, not registered"
+            )
+        return env_id
     where, _, attr = ref.rpartition(":")
     if not where or not attr:
         raise EnvReferenceError(

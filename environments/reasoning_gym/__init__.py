@@ -1,0 +1,16 @@
+"""reasoning-gym's task families as envs: ``reasoning-gym:NAME`` resolves to one (see env.py).
+
+The source is registered here without importing reasoning-gym (an optional dependency): a
+reference imports it, registers ``reasoning-gym-NAME-v0`` and returns that id.
+"""
+
+from agentrl.envs.sources import register_source
+from environments.reasoning_gym.env import resolve_family
+
+register_source(
+    "reasoning-gym",
+    resolve_family,
+    description="reasoning-gym's 100+ procedural task families, one env each: reasoning-gym:NAME "
+    "(e.g. reasoning-gym:leg_counting; knobs = the family's config, via --env-kwargs; "
+    "pip install 'agentrl[reasoning-gym]')",
+)
