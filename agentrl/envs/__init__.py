@@ -7,6 +7,7 @@ Public API::
     GymnasiumTextEnv                            # play a discrete-action gymnasium env in text
     register, make, spec, list_envs, EnvSpec    # the registry (ids like "countdown-v0")
     resolve_env, import_modules                 # "module:Class" / "file.py:Class" / --import MODULE
+    register_source, list_sources, EnvSource    # "prefix:NAME" references (reasoning-gym:leg_counting)
     check_env, CheckReport                      # the conformance checker
     RemoteEnv                                   # an episode on an env server, used like a local Env
     OpenEnvRemoteEnv                            # an episode on an OpenEnv env server, used the same way
@@ -58,6 +59,7 @@ from agentrl.envs.registry import (
     spec,
 )
 from agentrl.envs.rubric import Rubric
+from agentrl.envs.sources import EnvSource, list_sources, register_source
 from agentrl.envs.tools import Tool, ToolEnv, tool, tool_spec
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "EnvInfraError",
     "EnvReferenceError",
     "EnvServerError",
+    "EnvSource",
     "EnvSpec",
     "EnvTimeoutError",
     "EpisodeDoneError",
@@ -95,10 +98,12 @@ __all__ = [
     "check_env",
     "import_modules",
     "list_envs",
+    "list_sources",
     "load_errors",
     "load_plugins",
     "make",
     "register",
+    "register_source",
     "resolve_env",
     "spec",
     "tool",

@@ -10,7 +10,6 @@ from environments.reasoning_gym.env import resolve_family
 register_source(
     "reasoning-gym",
     resolve_family,
-    description="reasoning-gym's 100+ procedural task families, one env each: reasoning-gym:NAME "
-    "(e.g. reasoning-gym:leg_counting; knobs = the family's config, via --env-kwargs; "
-    "pip install 'agentrl[reasoning-gym]')",
+    description="reasoning-gym's 100+ procedural task families, one env each (e.g. "
+    "reasoning-gym:leg_counting; knobs via --env-kwargs; pip install 'agentrl[reasoning-gym]')",
 )

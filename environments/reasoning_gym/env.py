@@ -36,10 +36,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import random
 import threading
 import types
 from collections import OrderedDict
 from typing import Any
+
+import numpy as np
 
 from agentrl.envs import Env, StepResult, register
 from agentrl.envs.errors import EnvReferenceError, UnknownEnvError
@@ -107,8 +110,9 @@ def resolve_family(name: str) -> str:
 # ---------------------------------------------------------------- the datasets, cached per process
 
 _cache: OrderedDict[tuple[str, str, int], Any] = OrderedDict()
-# One lock for building datasets and generating items: a few generators seed numpy's global
-# RNG (pool_matrix), so two threads generating at once could swap each other's tasks.
+# One lock for building datasets and generating items: a few generators use the global RNGs
+# (list_functions draws from `random`, pool_matrix seeds numpy's), so items are generated one
+# at a time with both seeded from the item's seed and restored afterwards.
 _lock = threading.Lock()
 
 
@@ -128,9 +132,17 @@ def _dataset(task: str, knobs: dict[str, Any], key: str, seed: int) -> Any:
         return dataset
 
 
-def _item(dataset: Any, row: int) -> dict[str, Any]:
+def _item(dataset: Any, dataset_seed: int, row: int) -> dict[str, Any]:
+    """Row ``row`` of ``dataset``, the same in every call (the global RNGs seeded from the item's seed)."""
     with _lock:
-        return dict(dataset[row])
+        state, np_state = random.getstate(), np.random.get_state()
+        random.seed(dataset_seed + row)
+        np.random.seed((dataset_seed + row) % 2**32)
+        try:
+            return dict(dataset[row])
+        finally:
+            random.setstate(state)
+            np.random.set_state(np_state)
 
 
 # ---------------------------------------------------------------- the env
@@ -201,7 +213,7 @@ class ReasoningGymEnv(Env):
         seed = self._seed if self._seed is not None else int(self.np_random.integers(BLOCK))
         dataset_seed, row = self.locate(seed)
         self._data = _dataset(self.task, self.knobs, self._key, dataset_seed)
-        self.entry = _item(self._data, row)
+        self.entry = _item(self._data, dataset_seed, row)
         messages = [Message(role="user", content=str(self.entry["question"]))]
         if self.system_prompt:
             messages.insert(0, Message(role="system", content=self.system_prompt))
