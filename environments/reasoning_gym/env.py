@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import json
 import random
 import threading
 import types
+import typing
 from collections import OrderedDict
 from typing import Any
 
@@ -107,6 +109,42 @@ def resolve_family(name: str) -> str:
     return env_id
 
 
+def _from_json(config_cls: type, knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs typed as the config's fields are: JSON gives lists, strings and objects where a
+    config holds tuples, enums (aiw's ``task_types: list[TaskType]``) and dataclasses (composite's
+    ``datasets: list[DatasetSpec]``)."""
+    try:
+        hints = typing.get_type_hints(config_cls)
+    except Exception:  # an annotation that does not evaluate: pass the knobs as they are
+        return dict(knobs)
+    return {name: _typed(hints.get(name), name, value) for name, value in knobs.items()}
+
+
+def _typed(hint: Any, name: str, value: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):  # Optional[X]: X unless None
+        inner = [a for a in args if a is not type(None)]
+        return value if value is None or len(inner) != 1 else _typed(inner[0], name, value)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return _member(hint, name, value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return hint(**value)
+    if origin in (list, tuple) and isinstance(value, (list, tuple)):
+        one = args[0] if len(set(args) - {Ellipsis}) == 1 else None  # list[X], tuple[X, ...], tuple[X, X]
+        items = [_typed(one, name, v) for v in value]
+        return tuple(items) if origin is tuple else items
+    return value
+
+
+def _member(kind: type[enum.Enum], name: str, value: Any) -> enum.Enum:
+    if isinstance(value, kind):
+        return value
+    for member in kind:
+        if value in (member.value, member.name):
+            return member
+    raise ValueError(f"knob {name!r}: {value!r} is not one of {[m.value for m in kind]}")
+
+
 # ---------------------------------------------------------------- the datasets, cached per process
 
 _cache: OrderedDict[tuple[str, str, int], Any] = OrderedDict()
@@ -114,6 +152,7 @@ _cache: OrderedDict[tuple[str, str, int], Any] = OrderedDict()
 # (list_functions draws from `random`, pool_matrix seeds numpy's), so items are generated one
 # at a time with both seeded from the item's seed and restored afterwards.
 _lock = threading.Lock()
+_checked: set[tuple[str, str]] = set()  # (task, knobs) whose first task generated without an error
 
 
 def _dataset(task: str, knobs: dict[str, Any], key: str, seed: int) -> Any:
@@ -183,9 +222,13 @@ class ReasoningGymEnv(Env):
             )
         self.task, self.size, self.knobs = task, size, dict(knobs)
         self._key = json.dumps(self.knobs, sort_keys=True, default=repr)
-        try:  # reasoning-gym validates the knobs; a bad value fails here, before any episode
-            _dataset(task, self.knobs, self._key, 0)
-        except (AssertionError, ValueError, TypeError) as e:
+        try:  # a bad knob value fails here, before any episode: reasoning-gym checks the config,
+            # and the first task is generated once per process (some values only fail then)
+            self._config = _from_json(config_cls, self.knobs)
+            if (task, self._key) not in _checked:
+                _item(_dataset(task, self._config, self._key, 0), 0, 0)
+                _checked.add((task, self._key))
+        except Exception as e:
             raise ValueError(
                 f"reasoning-gym {task!r} rejected the knobs {self.knobs!r}: {type(e).__name__}: {e}"
             ) from None
@@ -212,7 +255,7 @@ class ReasoningGymEnv(Env):
     def _reset(self, options: dict[str, Any]) -> tuple[list[Message], dict[str, Any]]:
         seed = self._seed if self._seed is not None else int(self.np_random.integers(BLOCK))
         dataset_seed, row = self.locate(seed)
-        self._data = _dataset(self.task, self.knobs, self._key, dataset_seed)
+        self._data = _dataset(self.task, self._config, self._key, dataset_seed)
         self.entry = _item(self._data, dataset_seed, row)
         messages = [Message(role="user", content=str(self.entry["question"]))]
         if self.system_prompt:

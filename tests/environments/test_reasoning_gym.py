@@ -132,6 +132,28 @@ def test_knobs_reach_the_family_config() -> None:
     assert min(len(animals(envs.make(LEGS), s)) for s in range(10)) >= 3  # the defaults: 3-10 kinds
 
 
+def test_json_knobs_are_typed_as_the_config_and_composite_mixes_families() -> None:
+    friends = envs.make("reasoning-gym:aiw", task_types=["friends"], task_type_weights=[1.0])  # an enum list
+    assert all(
+        " friends" in _question(friends, s) and "sibling" not in _question(friends, s) for s in range(5)
+    )
+    with pytest.raises(ValueError, match="'enemies' is not one of \\['siblings', 'friends', 'colleagues'\\]"):
+        envs.make("reasoning-gym:aiw", task_types=["enemies"], task_type_weights=[1.0])
+    with pytest.raises(ValueError, match="The number of weights does not match"):  # fails on its first task
+        envs.make("reasoning-gym:aiw", task_types=["friends"])
+
+    legs = {"name": "leg_counting", "weight": 1, "config": {"min_animals": 1, "max_animals": 2}}
+    mixed = envs.make(
+        "reasoning-gym:composite", datasets=[legs, {"name": "spell_backward", "weight": 1, "config": {}}]
+    )
+    seen = set()
+    for seed in range(12):
+        question = _question(mixed, seed)
+        seen.add("legs" in question)
+        assert mixed.step(mixed.oracle_action()).reward == 1.0  # each scored by its own family
+    assert seen == {True, False}
+
+
 def test_env_kwargs_from_the_train_config_reach_the_constructor() -> None:
     from agentrl.errors import ConfigError
     from agentrl.trainer.config import resolve
