@@ -28,7 +28,7 @@ cached per process.
 
 **Oracle.** The gold answer in the tags. A few families have no single gold answer (their
 scorer verifies any valid one); the oracle then answers the example solution their metadata
-carries, and ``boxnet`` and ``rush_hour``, which carry none, have no oracle.
+carries, and ``boxnet`` and ``rush_hour``, which carry none, have no oracle (:class:`NoOracleError`).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 
 from agentrl.envs import Env, StepResult, register
-from agentrl.envs.errors import EnvReferenceError, UnknownEnvError
+from agentrl.envs.errors import EnvError, EnvReferenceError, UnknownEnvError
 from agentrl.types import Message
 
-__all__ = ["BLOCK", "CHUNK", "ReasoningGymEnv", "families", "resolve_family"]
+__all__ = ["BLOCK", "CHUNK", "NoOracleError", "ReasoningGymEnv", "families", "resolve_family"]
 
 BLOCK = 1_000_000
 """Seeds per block: the trainer's held-out seeds start at 1_000_000, one block above training."""
@@ -187,6 +187,10 @@ def _item(dataset: Any, dataset_seed: int, row: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- the env
 
 
+class NoOracleError(EnvError, NotImplementedError):
+    """The family's entries carry no gold answer (``boxnet``, ``rush_hour``): there is no oracle."""
+
+
 class ReasoningGymEnv(Env):
     """One reasoning-gym task family, single turn; see the module docstring for prompt, reward and seeds."""
 
@@ -288,9 +292,9 @@ class ReasoningGymEnv(Env):
             if gold is None and metadata.get(key) is not None:
                 gold = metadata[key]
         if gold is None:
-            raise NotImplementedError(
+            raise NoOracleError(
                 f"reasoning-gym {self.task!r} has no gold answer for its tasks (its scorer checks an "
-                "answer itself), so it has no oracle: train it without --sft-steps"
+                "answer itself), so it has no oracle for a supervised warm start: pass --sft-steps 0"
             )
         text = gold if isinstance(gold, str) else json.dumps(gold)
         return Message(role="assistant", content=f"<answer>{text}</answer>")

@@ -17,8 +17,9 @@ reasoning_gym = pytest.importorskip(
 import agentrl.envs as envs  # noqa: E402
 from agentrl.envs.checker import check_env  # noqa: E402
 from agentrl.envs.errors import EnvReferenceError, UnknownEnvError  # noqa: E402
+from agentrl.errors import AgentRLError  # noqa: E402
 from agentrl.types import Message  # noqa: E402
-from environments.reasoning_gym.env import BLOCK, ReasoningGymEnv, resolve_family  # noqa: E402
+from environments.reasoning_gym.env import BLOCK, NoOracleError, ReasoningGymEnv, resolve_family  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LEGS = "reasoning-gym:leg_counting"
@@ -100,8 +101,9 @@ def test_the_oracle_scores_one_and_the_env_passes_the_checker(family: str) -> No
 def test_a_family_without_any_gold_answer_has_no_oracle() -> None:
     env = envs.make("reasoning-gym:rush_hour")
     env.reset(seed=0)
-    with pytest.raises(NotImplementedError, match="'rush_hour' has no gold answer"):
+    with pytest.raises(NoOracleError, match="'rush_hour' has no gold answer.*pass --sft-steps 0") as e:
         env.oracle_action()
+    assert isinstance(e.value, NotImplementedError) and isinstance(e.value, AgentRLError)  # the CLI: one line
 
 
 def test_held_out_seeds_never_give_a_training_task() -> None:
@@ -168,6 +170,22 @@ def test_env_kwargs_from_the_train_config_reach_the_constructor() -> None:
         make_env_factory(resolve(env=LEGS, env_kwargs={"min_animal": 1}))
 
 
+def test_an_env_server_serves_a_family_with_its_knobs_as_the_trainer_asks_for_it() -> None:
+    from agentrl.envs import RemoteEnv
+    from agentrl.envs.server import create_app
+    from agentrl.envs.server.config import ServerConfig
+    from agentrl.httpkit import BackgroundServer
+
+    knobs = {"min_animals": 1, "max_animals": 1}
+    with BackgroundServer(create_app(ServerConfig(env_ids=[LEGS]))) as srv:
+        remote = RemoteEnv(srv.url, LEGS, env_kwargs=knobs)  # what --env-url (and Ray's env servers) build
+        try:
+            assert _question(remote, 4) == _question(envs.make(LEGS, **knobs), 4)
+            assert remote.step(_say("<answer>-1</answer>")).info["answer"] == "-1"
+        finally:
+            remote.close()
+
+
 def test_a_bad_knob_is_an_error_naming_it_and_the_familys_knobs() -> None:
     with pytest.raises(TypeError, match="no knob 'min_animal'; did you mean 'min_animals'.*max_instances"):
         envs.make(LEGS, min_animal=2)
@@ -226,6 +244,11 @@ def test_agentrl_envs_lists_the_source_on_one_line() -> None:
     lines = [line for line in done.stdout.splitlines() if "reasoning-gym" in line]
     assert len(lines) == 1 and lines[0].startswith("reasoning-gym:NAME "), done.stdout + done.stderr
     assert "countdown-v0" in done.stdout
+
+
+def test_the_env_has_a_readme_naming_the_answer_format_knobs_and_oracle() -> None:
+    readme = (ROOT / "environments" / "reasoning_gym" / "README.md").read_text()
+    assert all(word in readme for word in ("<answer>", "Knobs", "Oracle", "pip install"))
 
 
 def test_a_system_prompt_is_picked_by_name_given_verbatim_or_left_out() -> None:
