@@ -98,7 +98,8 @@ def resolve_family(name: str) -> str:
     datasets = reasoning_gym.factory.DATASETS
     if name not in datasets:
         raise UnknownEnvError(_unknown_family(name))
-    category = datasets[name][0].__module__.split(".")[1]
+    module = datasets[name][0].__module__.split(".")  # reasoning_gym.<category>.<family>
+    category = module[1] if len(module) >= 3 else "other"
     env_id = f"reasoning-gym-{name}-v0"
     register(
         env_id,

@@ -202,7 +202,7 @@ def test_an_unknown_family_is_an_error_listing_close_names(capsys: pytest.Captur
         UnknownEnvError, match="unknown reasoning-gym task family 'leg_countin'.*'leg_counting'"
     ):
         envs.make("reasoning-gym:leg_countin")
-    with pytest.raises(UnknownEnvError, match="the 106 families are: ab, acre, "):
+    with pytest.raises(UnknownEnvError, match=r"the \d+ families are: ab, acre, "):
         envs.spec("reasoning-gym:zzzz")
     from agentrl.cli import main
 
