@@ -7,7 +7,7 @@ Public API::
     GymnasiumTextEnv                            # play a discrete-action gymnasium env in text
     register, make, spec, list_envs, EnvSpec    # the registry (ids like "countdown-v0")
     resolve_env, import_modules                 # "module:Class" / "file.py:Class" / --import MODULE
-    register_source, list_sources, EnvSource    # "prefix:NAME" references (reasoning-gym:leg_counting)
+    register_namespace, list_namespaces         # "prefix:NAME" references (reasoning-gym:leg_counting)
     check_env, CheckReport                      # the conformance checker
     RemoteEnv                                   # an episode on an env server, used like a local Env
     OpenEnvRemoteEnv                            # an episode on an OpenEnv env server, used the same way
@@ -47,6 +47,7 @@ from agentrl.envs.errors import (
 )
 from agentrl.envs.gym_bridge import GymnasiumTextEnv
 from agentrl.envs.mcp_tools import MCPServer
+from agentrl.envs.namespaces import EnvNamespace, list_namespaces, register_namespace
 from agentrl.envs.registry import (
     EnvSpec,
     import_modules,
@@ -59,7 +60,6 @@ from agentrl.envs.registry import (
     spec,
 )
 from agentrl.envs.rubric import Rubric
-from agentrl.envs.sources import EnvSource, list_sources, register_source
 from agentrl.envs.tools import Tool, ToolEnv, tool, tool_spec
 
 __all__ = [
@@ -71,9 +71,9 @@ __all__ = [
     "EnvDefinitionError",
     "EnvError",
     "EnvInfraError",
+    "EnvNamespace",
     "EnvReferenceError",
     "EnvServerError",
-    "EnvSource",
     "EnvSpec",
     "EnvTimeoutError",
     "EpisodeDoneError",
@@ -98,12 +98,12 @@ __all__ = [
     "check_env",
     "import_modules",
     "list_envs",
-    "list_sources",
+    "list_namespaces",
     "load_errors",
     "load_plugins",
     "make",
     "register",
-    "register_source",
+    "register_namespace",
     "resolve_env",
     "spec",
     "tool",

@@ -10,11 +10,11 @@ __all__ = ["register"]
 
 
 def _envs(args: argparse.Namespace) -> int:
-    from agentrl.envs import list_envs, list_sources, load_errors
+    from agentrl.envs import list_envs, list_namespaces, load_errors
 
-    specs = list_envs()  # loads the plugins, which register the sources
+    specs = list_envs()  # loads the plugins, which register the namespaces
     rows = [(s.id, s.description) for s in specs]
-    rows += [(f"{src.prefix}:NAME", src.description) for src in list_sources()]
+    rows += [(f"{ns.prefix}:NAME", ns.description) for ns in list_namespaces()]
     width = max((len(name) for name, _ in rows), default=2)
     for name, description in rows:
         print(f"{name:<{width}}  {description}")

@@ -30,8 +30,8 @@ Env references, what ``--env`` (and ``make``/``spec``) accept, each turned into 
   current directory): the file is loaded as a module of its own, named after its absolute path
   (``agentrl_envfile_<hash>_<stem>``), so loading it again in this process reuses it; a file
   this process imported already as a module (``--import``) is reused, not run a second time;
-- ``PREFIX:NAME`` where ``PREFIX`` is a registered env source (``reasoning-gym:leg_counting``;
-  :mod:`agentrl.envs.sources`): the source registers the member's id on first use and returns it.
+- ``PREFIX:NAME`` where ``PREFIX`` is an env namespace (``reasoning-gym:leg_counting``;
+  :mod:`agentrl.envs.namespaces`): it registers the member's id on first use and returns it.
 
 The class must be an :class:`~agentrl.envs.Env` subclass. If the module registered that class
 under exactly one id (``examples/reverse_env.py`` registers ``reverse-v0``), the reference
@@ -70,7 +70,7 @@ import gymnasium
 
 from agentrl.envs.core import Env
 from agentrl.envs.errors import EnvReferenceError, RegistrationError, UnknownEnvError
-from agentrl.envs.sources import find_source
+from agentrl.envs.namespaces import resolve_namespaced
 
 __all__ = [
     "EnvSpec",
@@ -309,7 +309,7 @@ _ref_lock = threading.RLock()
 
 
 def is_reference(env: str) -> bool:
-    """Whether ``env`` is a reference (``module:Class``, ``file.py:Class``, ``source:NAME``), not an id."""
+    """Whether ``env`` is a reference (``module:Class``, ``file.py:Class``, ``namespace:NAME``), not an id."""
     return ":" in env
 
 
@@ -339,15 +339,10 @@ def import_modules(modules: Iterable[str], *, flag: str = "--import") -> None:
 
 
 def _register(ref: str) -> str:
-    load_plugins()  # the shipped sources register themselves
-    source = find_source(ref)
-    if source is not None:
-        env_id = source.resolve(ref.partition(":")[2])
-        if env_id not in _registry:
-            raise RegistrationError(
-                f"env source {source.prefix!r} resolved {ref!r} to {env_id!r}, not registered"
-            )
-        return env_id
+    load_plugins()  # the shipped namespaces register themselves
+    found = resolve_namespaced(ref, _registry.__contains__)
+    if found is not None:
+        return found
     where, _, attr = ref.rpartition(":")
     if not where or not attr:
         raise EnvReferenceError(

@@ -237,7 +237,7 @@ def test_a_missing_install_fails_the_env_and_the_resolver_alike(monkeypatch: pyt
         ReasoningGymEnv(task="leg_counting")
 
 
-def test_agentrl_envs_lists_the_source_on_one_line() -> None:
+def test_agentrl_envs_lists_the_namespace_on_one_line() -> None:
     code = "from agentrl.cli import main; main(['envs'])"  # a fresh process: no family resolved yet
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
