@@ -7,6 +7,7 @@ Public API::
     GymnasiumTextEnv                            # play a discrete-action gymnasium env in text
     register, make, spec, list_envs, EnvSpec    # the registry (ids like "countdown-v0")
     resolve_env, import_modules                 # "module:Class" / "file.py:Class" / --import MODULE
+    register_namespace, list_namespaces         # "prefix:NAME" references (reasoning-gym:leg_counting)
     check_env, CheckReport                      # the conformance checker
     RemoteEnv                                   # an episode on an env server, used like a local Env
     OpenEnvRemoteEnv                            # an episode on an OpenEnv env server, used the same way
@@ -46,6 +47,7 @@ from agentrl.envs.errors import (
 )
 from agentrl.envs.gym_bridge import GymnasiumTextEnv
 from agentrl.envs.mcp_tools import MCPServer
+from agentrl.envs.namespaces import EnvNamespace, list_namespaces, register_namespace
 from agentrl.envs.registry import (
     EnvSpec,
     import_modules,
@@ -69,6 +71,7 @@ __all__ = [
     "EnvDefinitionError",
     "EnvError",
     "EnvInfraError",
+    "EnvNamespace",
     "EnvReferenceError",
     "EnvServerError",
     "EnvSpec",
@@ -95,10 +98,12 @@ __all__ = [
     "check_env",
     "import_modules",
     "list_envs",
+    "list_namespaces",
     "load_errors",
     "load_plugins",
     "make",
     "register",
+    "register_namespace",
     "resolve_env",
     "spec",
     "tool",

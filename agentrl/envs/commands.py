@@ -10,12 +10,14 @@ __all__ = ["register"]
 
 
 def _envs(args: argparse.Namespace) -> int:
-    from agentrl.envs import list_envs, load_errors
+    from agentrl.envs import list_envs, list_namespaces, load_errors
 
-    specs = list_envs()
-    width = max((len(s.id) for s in specs), default=2)
-    for s in specs:
-        print(f"{s.id:<{width}}  {s.description}")
+    specs = list_envs()  # loads the plugins, which register the namespaces
+    rows = [(s.id, s.description) for s in specs]
+    rows += [(f"{ns.prefix}:NAME", ns.description) for ns in list_namespaces()]
+    width = max((len(name) for name, _ in rows), default=2)
+    for name, description in rows:
+        print(f"{name:<{width}}  {description}")
     for label, err in load_errors().items():
         print(f"warning: {label} failed to load: {err}", file=sys.stderr)
     return 0

@@ -29,7 +29,9 @@ Env references, what ``--env`` (and ``make``/``spec``) accept, each turned into 
 - ``path/to/file.py:MyEnv`` (a path ending in ``.py`` or containing a ``/``, relative to the
   current directory): the file is loaded as a module of its own, named after its absolute path
   (``agentrl_envfile_<hash>_<stem>``), so loading it again in this process reuses it; a file
-  this process imported already as a module (``--import``) is reused, not run a second time.
+  this process imported already as a module (``--import``) is reused, not run a second time;
+- ``PREFIX:NAME`` where ``PREFIX`` is an env namespace (``reasoning-gym:leg_counting``;
+  :mod:`agentrl.envs.namespaces`): it registers the member's id on first use and returns it.
 
 The class must be an :class:`~agentrl.envs.Env` subclass. If the module registered that class
 under exactly one id (``examples/reverse_env.py`` registers ``reverse-v0``), the reference
@@ -68,6 +70,7 @@ import gymnasium
 
 from agentrl.envs.core import Env
 from agentrl.envs.errors import EnvReferenceError, RegistrationError, UnknownEnvError
+from agentrl.envs.namespaces import resolve_namespaced
 
 __all__ = [
     "EnvSpec",
@@ -306,7 +309,7 @@ _ref_lock = threading.RLock()
 
 
 def is_reference(env: str) -> bool:
-    """Whether ``env`` names a class (``module:Class``, ``file.py:Class``) rather than a registered id."""
+    """Whether ``env`` is a reference (``module:Class``, ``file.py:Class``, ``namespace:NAME``), not an id."""
     return ":" in env
 
 
@@ -336,6 +339,10 @@ def import_modules(modules: Iterable[str], *, flag: str = "--import") -> None:
 
 
 def _register(ref: str) -> str:
+    load_plugins()  # the shipped namespaces register themselves
+    found = resolve_namespaced(ref, _registry.__contains__)
+    if found is not None:
+        return found
     where, _, attr = ref.rpartition(":")
     if not where or not attr:
         raise EnvReferenceError(
