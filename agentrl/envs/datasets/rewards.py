@@ -277,7 +277,9 @@ def _number(text: str) -> float | None:
 def numeric(column: str = "answer", rtol: float = 1e-6, atol: float = 1e-9) -> Callable[..., list[float]]:
     """1 when the last number of the extracted answer is within ``atol + rtol * |gold|`` of the column's."""
     if rtol < 0 or atol < 0:
-        raise TypeError(f"rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
+        raise RewardFunctionError(
+            f"reward 'numeric': rtol and atol must be >= 0, got rtol={rtol}, atol={atol}"
+        )
 
     def numeric(completions: list[Any], **kw: Any) -> list[float]:
         out = []
@@ -297,7 +299,9 @@ def numeric(column: str = "answer", rtol: float = 1e-6, atol: float = 1e-9) -> C
 def regex(pattern: str = "", column: str = "", full: bool = False) -> Callable[..., list[float]]:
     """1 when the completion matches ``pattern`` (or the row's ``column`` pattern); ``full`` anchors it."""
     if not pattern and not column:
-        raise TypeError("the regex reward needs a pattern (or the column holding one per row)")
+        raise RewardFunctionError(
+            'reward \'regex\' needs a pattern: --reward-options \'{"regex": {"pattern": "..."}}\' (or the column holding one per row)'
+        )
     fixed = re.compile(pattern, re.S) if pattern else None
 
     def regex(completions: list[Any], **kw: Any) -> list[float]:

@@ -1,8 +1,9 @@
-"""Write the arithmetic word problems of the dataset demo (examples/data/arithmetic.jsonl), offline.
+"""Write the arithmetic word problems of the dataset demo (environments/dataset/arithmetic.jsonl), offline.
 
-Each row is {"question": ..., "answer": "<integer>"}: two small quantities (1-5) added or taken
-away in one of a few stories. The file is deterministic (a fixed seed), so the shipped copy and
-`python examples/data/make_arithmetic.py` agree; `--rows N --out PATH` writes another one.
+Each row is {"question": ..., "answer": "<integer>", "solution": "<a>+<b>" or "<a>-<b>"}: two
+quantities (1-9) added or taken away in one of five stories. The file is deterministic (a fixed
+seed), so the shipped copy and `python environments/dataset/make_arithmetic.py` agree;
+`--rows N --out PATH` writes another one.
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ SUB = [
 ]
 
 
-def make(rows: int, seed: int = 0, max_number: int = 5, subtract: float = 0.5) -> list[dict[str, str]]:
+def make(rows: int, seed: int = 0, max_number: int = 9, subtract: float = 0.5) -> list[dict[str, str]]:
     rng = random.Random(seed)
     out = []
     for _ in range(rows):
         n, t = rng.choice(NAMES), rng.choice(THINGS)
         a, b = rng.randint(1, max_number), rng.randint(1, max_number)
         if rng.random() >= subtract or a == b:
-            question, answer = rng.choice(ADD).format(n=n, t=t, a=a, b=b), a + b
+            question, answer, solution = rng.choice(ADD).format(n=n, t=t, a=a, b=b), a + b, f"{a}+{b}"
         else:
             a, b = max(a, b), min(a, b)
-            question, answer = rng.choice(SUB).format(n=n, t=t, a=a, b=b), a - b
-        out.append({"question": question, "answer": str(answer)})
+            question, answer, solution = rng.choice(SUB).format(n=n, t=t, a=a, b=b), a - b, f"{a}-{b}"
+        out.append({"question": question, "answer": str(answer), "solution": solution})
     return out
 
 
@@ -44,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-number", type=int, default=5)
+    parser.add_argument("--max-number", type=int, default=9)
     parser.add_argument("--subtract", type=float, default=0.5, help="share of take-away problems")
     parser.add_argument("--out", default=str(Path(__file__).with_name("arithmetic.jsonl")))
     args = parser.parse_args()
