@@ -415,14 +415,13 @@ def _rubric(options: Mapping[str, Any]) -> str:
 
 def _number(option: str, value: Any, kind: type[int] | type[float], low: float, strict: bool) -> Any:
     """``value`` (a number or its text) as ``kind``, at least ``low`` (above it when ``strict``)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        number = kind(value) if not isinstance(value, str) or kind is float else int(value.strip())
-        if kind is int and isinstance(value, float) and not value.is_integer():
-            raise TypeError
-    except (TypeError, ValueError):
-        number = None
+    number: float | None = None
+    whole = not isinstance(value, float) or value.is_integer()  # an int option takes 3.0, not 3.5
+    if isinstance(value, int | float | str) and not isinstance(value, bool) and (kind is float or whole):
+        try:
+            number = kind(value.strip() if isinstance(value, str) else value)
+        except ValueError:
+            number = None
     if number is None or not math.isfinite(number) or number < low or (strict and number == low):
         bound = f"> {low:g}" if strict else f">= {low:g}"
         raise ConfigError(
