@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from agentrl.envs.datasets.judge import GroupJudgeReward, JudgeReward, judge_from_options
+from agentrl.envs.datasets.judge_state import Slots
 from agentrl.envs.errors import EnvInfraError
 from agentrl.errors import ConfigError, InfraError
 from agentrl.httpkit import BackgroundServer
@@ -210,6 +211,32 @@ def test_concurrency_limit_holds_across_event_loops(judge_server: tuple[str, Scr
     assert script.max_in_flight == 2
 
 
+def test_a_cancelled_waiter_does_not_keep_a_slot() -> None:
+    """Cancelled while waiting, or just after the slot was handed to it: either way the slot returns."""
+
+    async def main() -> None:
+        slots = Slots(1)
+        await slots.__aenter__()
+        waiting = asyncio.ensure_future(slots.__aenter__())
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        slots.release()
+        async with asyncio.timeout(5):
+            await slots.__aenter__()  # the slot is free again
+        handed = asyncio.ensure_future(slots.__aenter__())
+        await asyncio.sleep(0)
+        slots.release()  # hands the slot to `handed`...
+        handed.cancel()  # ...which is cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await handed
+        async with asyncio.timeout(5):
+            await slots.__aenter__()
+
+    asyncio.run(main())
+
+
 def test_cache_hits_send_no_request(judge_server: tuple[str, Script]) -> None:
     url, script = judge_server
     j = judge(url)
@@ -220,6 +247,15 @@ def test_cache_hits_send_no_request(judge_server: tuple[str, Script]) -> None:
     # the reference is part of the key: the same completion against another reference is graded again
     assert asyncio.run(j(["it is 4"], ["2+2"], answer=["5"])) == [0.0]
     assert script.requests == 3
+
+
+def test_identical_rows_in_one_batch_are_graded_once(judge_server: tuple[str, Script]) -> None:
+    url, script = judge_server
+    j = judge(url)
+    scores = asyncio.run(j(["4", "4", "5", "4"], ["2+2", "2+2", "2+2", "3+1"], answer=["4"] * 4))
+    assert scores == [1.0, 1.0, 0.0, 1.0]
+    assert script.requests == 3  # ("2+2", "4") twice; "3+1" is another prompt
+    assert j.metrics()["judge/cache_hits"] == 1.0
 
 
 def test_cache_size_zero_regrades(judge_server: tuple[str, Script]) -> None:
@@ -383,6 +419,11 @@ def test_options_are_converted(tmp_path: Path) -> None:
 def test_bad_options_name_the_option_and_the_fix(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         judge_from_options(options)
+
+
+def test_constructor_rejects_a_limit_that_would_deadlock() -> None:
+    with pytest.raises(ConfigError, match=r"max_concurrency=0 is out of range"):
+        JudgeReward("http://127.0.0.1:1/v1", MODEL, max_concurrency=0)
 
 
 # ---------------------------------------------------------------------- agentrl's session server as the judge

@@ -74,11 +74,12 @@ class JudgeReward:
         rubric: what a good response is; the score format is appended to it.
         api_key: the key itself, or ``api_key_env``: the environment variable holding it (local
             servers need none).
-        max_concurrency: the most requests of this judge in flight at once, process-wide.
-        timeout_s: the deadline of one request.
-        retries: more attempts after a failed one (no answer, 429/5xx, no parseable score).
+        max_concurrency: the most requests of this judge in flight at once, process-wide (>= 1).
+        timeout_s: the deadline of one request (> 0).
+        retries: more attempts after a failed one (no answer, 429/5xx, no parseable score; >= 0).
+        backoff_s: the delay before the first retry, doubling each time.
         cache_size: graded (prompt, completion, reference) kept; 0 keeps none.
-        temperature, max_tokens: the judge's sampling.
+        temperature, max_tokens: the judge's sampling (>= 0, >= 1).
         reference_column: the column holding the reference answer (default: ``answer``, else ``reference``).
     """
 
@@ -102,6 +103,18 @@ class JudgeReward:
         max_tokens: int = 1024,
         reference_column: str | None = None,
     ) -> None:
+        for option, value, ok in (
+            ("max_concurrency", max_concurrency, max_concurrency >= 1),
+            ("timeout_s", timeout_s, timeout_s > 0),
+            ("retries", retries, retries >= 0),
+            ("cache_size", cache_size, cache_size >= 0),
+            ("temperature", temperature, temperature >= 0),
+            ("max_tokens", max_tokens, max_tokens >= 1),
+        ):
+            if not ok:
+                raise ConfigError(
+                    f"{type(self).__name__}: {option}={value!r} is out of range (see its docstring)"
+                )
         base_url = base_url.rstrip("/").removesuffix("/chat/completions")
         self.base_url, self.model, self.rubric = base_url, model, rubric
         self.max_concurrency, self.timeout_s, self.retries = max_concurrency, timeout_s, retries
@@ -131,11 +144,20 @@ class JudgeReward:
     async def __call__(
         self, completions: Sequence[Any], prompts: Sequence[Any], **columns: Any
     ) -> list[float]:
-        """One score in [0, 1] per completion; raises EnvInfraError / ConfigError, never scores a failure."""
+        """One score in [0, 1] per completion; raises EnvInfraError / ConfigError, never scores a failure.
+
+        Rows alike in prompt, completion and reference are graded once (counted as cache hits).
+        """
         refs = self._references(completions, prompts, columns)
-        return await gather_all(
-            [self.score(p, c, r) for p, c, r in zip(prompts, completions, refs, strict=True)]
-        )
+        rows = [
+            (render(p), render(c), None if r is None else render(r))
+            for p, c, r in zip(prompts, completions, refs, strict=True)
+        ]
+        unique = list(dict.fromkeys(rows))
+        for _ in range(len(rows) - len(unique)):
+            self._count("cache_hits")
+        graded = dict(zip(unique, await gather_all([self.score(*row) for row in unique]), strict=True))
+        return [graded[row] for row in rows]
 
     async def score(self, prompt: Any, completion: Any, reference: Any = None) -> float:
         """The judge's grade of one completion in [0, 1]."""
