@@ -249,10 +249,11 @@ class JudgeReward:
             "timeout": f"passed its deadline of {failure.timeout_s:g} s",
             "transport": "dropped the connection",
         }
+        cause = f"{failure.name}: {failure.error}" if str(failure.error) else failure.name
         return EnvInfraError(
-            f"LLM judge {failure.where} (model {self.model!r}) "
-            f"{what.get(failure.kind, 'could not be reached')} in {failure.attempts} attempt(s) "
-            f"({failure.name}: {failure.error}); is the judge server up? (timeout_s={self.timeout_s:g}, retries={self.retries})"
+            f"LLM judge {self.base_url}/chat/completions (model {self.model!r}) "
+            f"{what.get(failure.kind, 'could not be reached')} in {failure.attempts} attempt(s) ({cause}); "
+            f"is the judge server up? (timeout_s={self.timeout_s:g}, retries={self.retries})"
         )
 
     def _count(self, what: str) -> None:
