@@ -6,8 +6,8 @@ completion; prompts and completions are strings or chat message lists; each data
 arrives as a keyword holding one value per completion). Two modes:
 
 - :class:`JudgeReward` (``pointwise``): one request per completion. The judge sees the rubric,
-  the prompt, the row's reference answer (the ``answer`` or ``reference`` column, or
-  ``reference_column``) and the completion, and ends its reply with ``SCORE: N`` (an integer
+  the prompt, the row's reference answer (its ``answer`` column, else ``reference``; the
+  ``column`` option names another) and the completion, and ends its reply with ``SCORE: N`` (an integer
   0-10, scaled to [0, 1]; ``N/M`` is read as the fraction). The last such line counts.
 - :class:`GroupJudgeReward` (``group``): the completions of one prompt are graded together in one
   request, relative to each other (``SCORE 1: N`` ... ``SCORE G: N``); a batch is split into
@@ -18,9 +18,10 @@ Failures are never scored 0 (CONTRIBUTING.md, "Who failed"):
 - **infrastructure** (:class:`~agentrl.envs.errors.EnvInfraError`, retried by the rollout): the
   judge could not be reached, passed its deadline, answered 429 or 5xx, or gave no parseable
   score, each after ``retries`` more attempts with backoff;
-- **configuration** (:class:`~agentrl.errors.ConfigError`, ends the run): any other 4xx (an
-  unknown model, a bad key, a request the server refuses), naming the URL, the status, the
-  server's message and the fix.
+- **configuration** (:class:`~agentrl.envs.errors.RewardFunctionError`, a
+  :class:`~agentrl.errors.ConfigError`: the run stops): any other 4xx (an unknown model, a bad
+  key, a request the server refuses), naming the URL, the status, the server's message and the
+  fix. Bad options and a missing reference column are the same class.
 
 Every request has a deadline (``timeout_s``) and goes through agentrl's one HTTP client
 (:class:`~agentrl.httpkit.HTTPClient`). At most ``max_concurrency`` requests of one judge are in
@@ -52,8 +53,7 @@ from agentrl.envs.datasets.judge_text import (
     sections,
     shown,
 )
-from agentrl.envs.errors import EnvContractError, EnvInfraError
-from agentrl.errors import ConfigError
+from agentrl.envs.errors import EnvInfraError, RewardFunctionError
 from agentrl.httpkit import ErrorAnswer, Failure, HTTPClient
 from agentrl.httpkit.client import Answer, backoff
 
@@ -62,7 +62,7 @@ __all__ = ["DEFAULT_RUBRIC", "GroupJudgeReward", "JudgeReward", "judge_from_opti
 
 _RETRY_STATUS = (429, 500, 502, 503, 504)
 REFERENCE_COLUMNS = ("answer", "reference")
-"""The columns read as the reference answer, first found wins, unless ``reference_column`` names one."""
+"""The columns read as the reference answer, first found wins, unless ``column`` names one."""
 
 
 class JudgeReward:
@@ -80,7 +80,8 @@ class JudgeReward:
         backoff_s: the delay before the first retry, doubling each time.
         cache_size: graded (prompt, completion, reference) kept; 0 keeps none.
         temperature, max_tokens: the judge's sampling (>= 0, >= 1).
-        reference_column: the column holding the reference answer (default: ``answer``, else ``reference``).
+        column: the column holding the reference answer (default: ``answer``, else ``reference``), as
+            the built-in rewards' ``column`` option.
     """
 
     mode: ClassVar[str] = "pointwise"
@@ -101,7 +102,7 @@ class JudgeReward:
         cache_size: int = 4096,
         temperature: float = 0.0,
         max_tokens: int = 1024,
-        reference_column: str | None = None,
+        column: str | None = None,
     ) -> None:
         for option, value, ok in (
             ("max_concurrency", max_concurrency, max_concurrency >= 1),
@@ -112,14 +113,14 @@ class JudgeReward:
             ("max_tokens", max_tokens, max_tokens >= 1),
         ):
             if not ok:
-                raise ConfigError(
+                raise RewardFunctionError(
                     f"{type(self).__name__}: {option}={value!r} is out of range (see its docstring)"
                 )
         base_url = base_url.rstrip("/").removesuffix("/chat/completions")
         self.base_url, self.model, self.rubric = base_url, model, rubric
         self.max_concurrency, self.timeout_s, self.retries = max_concurrency, timeout_s, retries
         self.backoff_s, self.temperature, self.max_tokens = backoff_s, temperature, max_tokens
-        self.reference_column = reference_column
+        self.column = column
         self.__name__ = self.name  # TRL logs a reward function by its __name__
         if api_key is None and api_key_env is not None:
             api_key = _env_key(api_key_env)
@@ -144,7 +145,7 @@ class JudgeReward:
     async def __call__(
         self, completions: Sequence[Any], prompts: Sequence[Any], **columns: Any
     ) -> list[float]:
-        """One score in [0, 1] per completion; raises EnvInfraError / ConfigError, never scores a failure.
+        """One score in [0, 1] per completion; raises EnvInfraError / RewardFunctionError, never scores a failure.
 
         Rows alike in prompt, completion and reference are graded once (counted as cache hits).
         """
@@ -228,7 +229,7 @@ class JudgeReward:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             return None, False
 
-    def _refused(self, answer: Answer) -> Exception:
+    def _refused(self, answer: Answer) -> EnvInfraError | RewardFunctionError:
         """An error answer: 429/5xx is the infrastructure's failure, any other 4xx a configuration error."""
         said = ErrorAnswer.read(answer.status, answer.body).message
         where = f"LLM judge {self.base_url}/chat/completions (model {self.model!r})"
@@ -242,7 +243,7 @@ class JudgeReward:
             fix = f"check the model name (GET {self.base_url}/models lists them) and that url is the API's base URL (ending in /v1)"
         else:
             fix = "check the judge's options (model, max_tokens) against what the server accepts"
-        return ConfigError(f"{where} answered {answer.status}: {said}; {fix}")
+        return RewardFunctionError(f"{where} answered {answer.status}: {said}; {fix}")
 
     def _no_answer(self, failure: Failure) -> EnvInfraError:
         what = {
@@ -266,24 +267,20 @@ class JudgeReward:
         """The reference answer of each row (None where there is none); checks one prompt per completion."""
         n = len(completions)
         if len(prompts) != n:
-            raise EnvContractError(
+            raise RewardFunctionError(
                 f"judge called with {n} completions and {len(prompts)} prompts; a reward function gets one prompt per completion"
             )
-        names = (
-            [self.reference_column]
-            if self.reference_column
-            else [c for c in REFERENCE_COLUMNS if c in columns]
-        )
+        names = [self.column] if self.column else [c for c in REFERENCE_COLUMNS if c in columns]
         if not names:
             return [None] * n
         if names[0] not in columns:
-            raise ConfigError(
-                f"judge reference_column={names[0]!r} is not a column of the dataset "
+            raise RewardFunctionError(
+                f"judge option column={names[0]!r} is not a column of the dataset "
                 f"(columns: {sorted(columns)}); name one of them, or leave it unset"
             )
         values = columns[names[0]]
         if isinstance(values, str) or not isinstance(values, Sequence) or len(values) != n:
-            raise EnvContractError(
+            raise RewardFunctionError(
                 f"judge column {names[0]!r} must hold one value per completion ({n}); got {shown(repr(values))}"
             )
         return list(values)
@@ -343,7 +340,7 @@ def _env_key(name: str) -> str:
 
     key = os.environ.get(name)
     if not key:
-        raise ConfigError(
+        raise RewardFunctionError(
             f"judge api_key_env={name!r}: the environment variable {name} is not set or empty; "
             f"export {name}=<your key>, or leave api_key_env unset for a server that needs no key"
         )
@@ -364,7 +361,7 @@ _OPTIONS: dict[str, str] = {
     "mode": "pointwise | group",
     "temperature": "the judge's sampling temperature (>= 0)",
     "max_tokens": "the longest reply of the judge (>= 1)",
-    "reference_column": "the dataset column holding the reference answer",
+    "column": "the dataset column holding the reference answer",
 }
 """The options :func:`judge_from_options` accepts, with what each is."""
 
@@ -375,26 +372,26 @@ def judge_from_options(options: Mapping[str, Any]) -> JudgeReward:
     if unknown:
         key = unknown[0]
         if key == "api_key":
-            raise ConfigError(
+            raise RewardFunctionError(
                 "judge option api_key: keys are not passed as options (they would be saved with the run); "
                 "export the key and pass api_key_env=NAME_OF_THE_VARIABLE"
             )
         near = difflib.get_close_matches(key, list(_OPTIONS), n=1)
         hint = f"did you mean {near[0]!r}? " if near else ""
-        raise ConfigError(f"unknown judge option {key!r}; {hint}(known: {', '.join(_OPTIONS)})")
+        raise RewardFunctionError(f"unknown judge option {key!r}; {hint}(known: {', '.join(_OPTIONS)})")
     for required in ("url", "model"):
         if not isinstance(options.get(required), str) or not options[required].strip():
-            raise ConfigError(
+            raise RewardFunctionError(
                 f"judge option {required!r} is required ({_OPTIONS[required]}); got {options.get(required)!r}"
             )
     url = options["url"].strip()
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(
+        raise RewardFunctionError(
             f"judge option url={url!r} is no http(s) URL; pass e.g. url=http://127.0.0.1:8000/v1"
         )
     mode = options.get("mode", "pointwise")
     if mode not in ("pointwise", "group"):
-        raise ConfigError(f"judge option mode={mode!r}; choose pointwise or group")
+        raise RewardFunctionError(f"judge option mode={mode!r}; choose pointwise or group")
     cls = GroupJudgeReward if mode == "group" else JudgeReward
     kwargs: dict[str, Any] = {"rubric": _rubric(options)}
     for option, param, kind, low, strict in (
@@ -407,10 +404,12 @@ def judge_from_options(options: Mapping[str, Any]) -> JudgeReward:
     ):
         if option in options:
             kwargs[param] = _number(option, options[option], kind, low, strict)
-    for option in ("api_key_env", "reference_column"):
+    for option in ("api_key_env", "column"):
         value = options.get(option)
         if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise ConfigError(f"judge option {option}={value!r}: pass {_OPTIONS[option]} as a non-empty name")
+            raise RewardFunctionError(
+                f"judge option {option}={value!r}: pass {_OPTIONS[option]} as a non-empty name"
+            )
         if value is not None:
             kwargs[option] = value.strip()
     return cls(url, options["model"].strip(), **kwargs)
@@ -418,19 +417,19 @@ def judge_from_options(options: Mapping[str, Any]) -> JudgeReward:
 
 def _rubric(options: Mapping[str, Any]) -> str:
     if "rubric" in options and "rubric_file" in options:
-        raise ConfigError("judge options rubric and rubric_file are both given; pass one")
+        raise RewardFunctionError("judge options rubric and rubric_file are both given; pass one")
     if "rubric_file" in options:
         path = Path(str(options["rubric_file"])).expanduser()
         try:
             text = path.read_text()
         except OSError as e:
-            raise ConfigError(
+            raise RewardFunctionError(
                 f"judge option rubric_file={str(path)!r} cannot be read ({e}); pass a readable text file"
             ) from None
     else:
         text = options.get("rubric", DEFAULT_RUBRIC)
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError(
+        raise RewardFunctionError(
             f"judge rubric is empty or not text ({text!r}); write the grading instructions, or leave it unset for the default"
         )
     return text.strip()
@@ -447,7 +446,7 @@ def _number(option: str, value: Any, kind: type[int] | type[float], low: float, 
             number = None
     if number is None or not math.isfinite(number) or number < low or (strict and number == low):
         bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise ConfigError(
+        raise RewardFunctionError(
             f"judge option {option}={value!r}: expected {'an integer' if kind is int else 'a number'} {bound} "
             f"({_OPTIONS[option]})"
         )

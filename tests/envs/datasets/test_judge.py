@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 
 from agentrl.envs.datasets.judge import GroupJudgeReward, JudgeReward, judge_from_options
 from agentrl.envs.datasets.judge_state import Slots
-from agentrl.envs.errors import EnvInfraError
+from agentrl.envs.errors import EnvInfraError, RewardFunctionError
 from agentrl.errors import ConfigError, InfraError
 from agentrl.httpkit import BackgroundServer
 
@@ -162,11 +162,11 @@ def test_chat_prompts_and_completions(judge_server: tuple[str, Script]) -> None:
     assert "[user]\n2+2?" in user and "[system]\nbe brief" in user
 
 
-def test_reference_column_option_and_missing_column(judge_server: tuple[str, Script]) -> None:
+def test_column_option_and_missing_column(judge_server: tuple[str, Script]) -> None:
     url, _ = judge_server
-    j = judge(url, reference_column="solution")
+    j = judge(url, column="solution")
     assert asyncio.run(j(["x = 3"], ["solve"], solution=["3"], answer=["9"])) == [1.0]
-    with pytest.raises(ConfigError, match=r"reference_column='solution' is not a column.*\['answer'\]"):
+    with pytest.raises(ConfigError, match=r"option column='solution' is not a column.*\['answer'\]"):
         asyncio.run(j(["x = 3"], ["solve"], answer=["3"]))
 
 
@@ -313,7 +313,7 @@ def test_unreachable_judge_is_an_infra_error() -> None:
 def test_unknown_model_is_a_config_error_not_retried(judge_server: tuple[str, Script]) -> None:
     url, script = judge_server
     j = JudgeReward(url, "no-such-model", retries=3, backoff_s=0.01)
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(RewardFunctionError) as info:  # a ConfigError: the run stops
         asyncio.run(j(["4"], ["2+2"]))
     msg = str(info.value)
     assert "answered 404" in msg and "`no-such-model` does not exist" in msg and f"GET {url}/models" in msg
@@ -444,3 +444,26 @@ def test_session_server_as_the_judge_round_trips() -> None:
         info = httpx.get(f"{srv.url}/sessions/{sid}", timeout=10).json()
         assert info["num_turns"] == 1
         assert "# Reference answer\n4\n\n# Response to grade\nit is 4" in info["messages"][1]["content"]
+
+
+# ---------------------------------------------------------------------- as the `judge` built-in reward
+def test_the_judge_builtin_scores_through_call_reward(judge_server: tuple[str, Script]) -> None:
+    from agentrl.envs.datasets.rewards import build_reward, call_reward
+
+    url, _ = judge_server
+    reward = build_reward("judge:0.5", {"url": url, "model": MODEL, "column": "gold"})
+    assert reward.is_async and reward.weight == 0.5
+    scores = asyncio.run(call_reward(reward, ["so 12", "so 13"], ["q", "q"], {"gold": ["12", "12"]}, "row 0"))
+    assert scores == [1.0, 0.0]
+
+
+def test_a_judge_that_is_down_stays_an_infra_error_through_call_reward(
+    judge_server: tuple[str, Script],
+) -> None:
+    from agentrl.envs.datasets.rewards import build_reward, call_reward
+
+    url, script = judge_server
+    script.mode = "500"
+    reward = build_reward("judge", {"url": url, "model": MODEL, "retries": 0})
+    with pytest.raises(EnvInfraError, match="answered 500"):
+        asyncio.run(call_reward(reward, ["4"], ["2+2"], {}, "row 0"))
