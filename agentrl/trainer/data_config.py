@@ -84,7 +84,7 @@ class DataConfig:
                   "--reward my_rewards.py:correct); built-ins: exact, match, numeric, regex, math, format, "
                   "code, judge")  # fmt: skip
 
-    def env_kwargs(self, order_seed: int, eval_seed_offset: int) -> dict[str, Any]:
+    def env_kwargs(self, order_seed: int, eval_seed_offset: int, group_size: int = 1) -> dict[str, Any]:
         """The dataset env's keyword arguments."""
         from agentrl.trainer.sft import SFT_SEED_OFFSET
 
@@ -105,6 +105,7 @@ class DataConfig:
             "warm_seed_offset": SFT_SEED_OFFSET,
             "tools": self.tools,
             "max_turns": self.tool_turns if self.tools else 1,
+            "group_size": group_size,
         }
 
 
@@ -124,7 +125,7 @@ def apply_dataset(values: dict[str, dict[str, Any]]) -> None:
     cfg = DataConfig(**data)  # the section's own checks first
     seed = values["run"].get("seed", RunConfig.seed)
     offset = rollout.get("eval_seed_offset", RolloutConfig.eval_seed_offset)
-    kwargs = cfg.env_kwargs(seed, offset)
+    kwargs = cfg.env_kwargs(seed, offset, rollout.get("group_size", RolloutConfig.group_size))
     env = rollout.get("env")
     if env is not None and env not in ("dataset", DATASET_ENV):
         _fail(

@@ -33,7 +33,8 @@ from typing import Any, Literal
 import numpy as np
 
 from agentrl.envs.core import Env, StepResult, coerce_action
-from agentrl.envs.datasets.rewards import RewardFn, build_reward, call_reward
+from agentrl.envs.datasets.groups import grouped_call, is_group_reward
+from agentrl.envs.datasets.rewards import RewardCallError, RewardFn, build_reward, call_reward
 from agentrl.envs.datasets.source import load_rows
 from agentrl.envs.datasets.tools import load_toolset
 from agentrl.envs.errors import DatasetSourceError, RewardFunctionError
@@ -120,6 +121,7 @@ class DatasetEnv(Env):
         warm_seed_offset: int = 2_000_000,
         tools: str = "",
         max_turns: int = 0,
+        group_size: int = 1,
     ) -> None:
         if isinstance(rewards, str):
             rewards = [rewards]
@@ -150,6 +152,7 @@ class DatasetEnv(Env):
         self.where = ""
         self.prompt: Any = None
         self._scored: StepResult | None = None
+        self.group_size = group_size
         self._toolenv = load_toolset(tools)() if tools else None
         self.max_turns = max_turns or (8 if tools else 1)
         if max_turns < 0:
@@ -321,8 +324,19 @@ class DatasetEnv(Env):
         errors: dict[str, str] = {}
         for reward in self.rewards:
             try:
+                if is_group_reward(reward) and self.group_size > 1:
+                    parts[reward.name] = await grouped_call(
+                        reward,
+                        (self.where,),
+                        completions[0],
+                        prompts[0],
+                        columns,
+                        self.where,
+                        self.group_size,
+                    )
+                    continue
                 parts[reward.name] = (await call_reward(reward, completions, prompts, columns, self.where))[0]
-            except RewardFunctionError as e:
+            except RewardCallError as e:  # a configuration error (RewardFunctionError) always stops
                 if self.reward_errors == "fail":
                     raise
                 parts[reward.name], errors[reward.name] = 0.0, str(e)

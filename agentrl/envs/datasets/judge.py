@@ -295,6 +295,8 @@ class GroupJudgeReward(JudgeReward):
     differently beside other completions.
     """
 
+    group_reward = True  # the dataset env hands it a task's G completions together (groups.py)
+
     mode: ClassVar[str] = "group"
 
     async def __call__(

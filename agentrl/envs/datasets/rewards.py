@@ -44,6 +44,12 @@ _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
 
 
+class RewardCallError(RewardFunctionError):
+    """A reward function raised or returned something other than one finite number per completion:
+    what ``--reward-errors zero`` may score 0 and count. A reward's configuration error (a judge's
+    wrong model name, a missing column) is a plain :class:`RewardFunctionError` and always stops."""
+
+
 @dataclass(frozen=True)
 class RewardFn:
     """One reward of a run: its logged name, weight and function (TRL's signature)."""
@@ -151,7 +157,7 @@ async def call_reward(
 
         if isinstance(e, InfraError):  # a judge or sandbox that failed: the rollout retries the episode
             raise
-        raise RewardFunctionError(
+        raise RewardCallError(
             f"reward function {reward.name!r} ({reward.ref}) raised {type(e).__name__}: {e} on {where}; "
             "fix the function, or pass --reward-errors zero to score such completions 0 and count them"
         ) from e
@@ -160,12 +166,12 @@ async def call_reward(
 
 def check_scores(reward: RewardFn, out: Any, n: int, where: str) -> list[float]:
     if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
-        raise RewardFunctionError(
+        raise RewardCallError(
             f"reward function {reward.name!r} returned {type(out).__name__} {out!r:.80} on {where}; "
             f"it must return a list of {n} float(s), one per completion (TRL's signature)"
         )
     if len(out) != n:
-        raise RewardFunctionError(
+        raise RewardCallError(
             f"reward function {reward.name!r} returned {len(out)} value(s) for {n} completion(s) on {where}; "
             "it must return one float per completion"
         )
@@ -175,13 +181,13 @@ def check_scores(reward: RewardFn, out: Any, n: int, where: str) -> list[float]:
             scores.append(0.0)
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
-            raise RewardFunctionError(
+            raise RewardCallError(
                 f"reward function {reward.name!r} returned {v!r:.60} ({type(v).__name__}) on {where}; "
                 "each value must be a number"
             )
         f = float(v)
         if not math.isfinite(f):
-            raise RewardFunctionError(
+            raise RewardCallError(
                 f"reward function {reward.name!r} returned {f!r} on {where}; rewards must be finite"
             )
         scores.append(f)

@@ -108,6 +108,16 @@ def test_reward_errors_fail_by_default_or_score_zero_and_count_when_chosen(tmp_p
         "exact_failed": 0.0,
     }
     assert "KeyError" in info["reward_errors"]["flaky"]
+    env = make(
+        "dataset",
+        source=data,
+        rewards=["exact"],
+        reward_options={"exact": {"column": "gold"}},
+        reward_errors="zero",
+    )
+    env.reset(seed=0)
+    with pytest.raises(RewardFunctionError, match="column 'gold'"):  # a setting's error stops even so
+        env.step(reply("x"))
 
 
 def test_bad_settings_name_the_column_or_template(data):
@@ -213,3 +223,41 @@ def test_bad_tools_settings_are_named(tmp_path, data):
         make("dataset", source=str(tmp_path / "d.jsonl"), rewards=["exact"])
     with pytest.raises(DatasetSourceError, match="file 'missing.py' does not exist"):
         make("dataset", source=data, rewards=["exact"], tools="missing.py")
+
+
+GROUP = """
+calls = []
+
+
+def rank(completions, prompts, answer, **kwargs):
+    calls.append(list(completions))
+    best = max(len(c) for c in completions)
+    return [len(c) / best for c in completions]
+
+
+rank.group_reward = True
+"""
+
+
+def test_a_group_reward_grades_a_tasks_episodes_together(tmp_path, data, monkeypatch):
+    import agentrl.envs.datasets.groups as groups
+
+    (tmp_path / "g.py").write_text(GROUP)
+    kwargs = {"source": data, "rewards": [f"{tmp_path / 'g.py'}:rank"], "group_size": 4}
+
+    async def episode(seed: int, text: str, delay: float) -> float:
+        env = make("dataset", **kwargs)
+        await env.areset(seed=seed)
+        await asyncio.sleep(delay)  # the group's episodes end at different times
+        return (await env.astep(reply(text)))[1]
+
+    async def play():
+        full = asyncio.gather(*(episode(3, "x" * n, n / 100) for n in (1, 2, 3, 4)))
+        partial = asyncio.gather(*(episode(5, "y" * n, 0) for n in (2, 4)))  # 2 of 4: graded after the window
+        return await full, await partial
+
+    monkeypatch.setattr(groups, "WINDOW_S", 0.2)
+    full, partial = asyncio.run(play())
+    calls = make("dataset", **kwargs).rewards[0].fn.__globals__["calls"]
+    assert full == [0.25, 0.5, 0.75, 1.0] and partial == [0.5, 1.0]
+    assert sorted(map(len, calls)) == [2, 4]  # one call per task, its completions together
