@@ -31,6 +31,12 @@ register(
     "dataset-v0",
     dataset_env,
     description="rows of --dataset as tasks, scored by --reward functions; alone: arithmetic word problems",
+    # `agentrl train --env dataset`: the README's dataset demo (there with a format reward too)
+    demo_preset={
+        "rollout": {"tasks_per_step": 16, "eval_every": 10},
+        "optim": {"lr": 1e-4},
+        "run": {"sft_steps": 100, "steps": 50},
+    },
 )
 
 register(
