@@ -140,6 +140,12 @@ class MixtureEnv(Env):
         i = owners[j]
         return i, start + b * self.counts[i] + ranks[j]
 
+    def task_key(self, seed: int) -> str | None:
+        """The task a seed plays (its source's ``task_key``), or None for a source that never repeats one."""
+        i, inner = self.source_of(seed)
+        key_of = getattr(self.envs[i], "task_key", None)
+        return None if key_of is None else f"{self.names[i]}/{key_of(inner)}"
+
     # The inner env keeps the episode's lifecycle; this class picks it and labels its rewards.
     @property
     def tools(self) -> list[ToolSpec]:

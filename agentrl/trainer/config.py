@@ -26,7 +26,7 @@ from agentrl import configlib
 from agentrl.configlib import fail as _fail
 from agentrl.trainer.algo_config import AlgoConfig
 from agentrl.trainer.cluster_config import ClusterConfig, check_ray
-from agentrl.trainer.data_config import DataConfig, apply_dataset
+from agentrl.trainer.data_config import DataConfig, apply_dataset, check_data
 from agentrl.trainer.loggers import log_targets
 
 if TYPE_CHECKING:
@@ -331,6 +331,7 @@ class TrainConfig:
                   "limit (`agentrl serve-engine --max-batch-size`)")  # fmt: skip
         if self.cluster.ray:
             check_ray(self)
+        check_data(self)
         if r.requeue_stale and self.model.engine == "sglang":
             _fail("rollout", "requeue_stale", r.requeue_stale, "needs per-token weight versions to see an episode "
                   "that ran across an update, and SGLang reports none (its tokens carry the version at "

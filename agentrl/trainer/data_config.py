@@ -9,11 +9,14 @@ with these settings as its keyword arguments: :func:`apply_dataset` turns the se
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.configlib import fail as _fail
 
-__all__ = ["DataConfig", "apply_dataset"]
+if TYPE_CHECKING:
+    from agentrl.trainer.config import TrainConfig
+
+__all__ = ["DataConfig", "apply_dataset", "check_data"]
 
 DATASET_ENV = "dataset-v0"
 
@@ -48,6 +51,8 @@ class DataConfig:
     """functions the model may call, from path/to/tools.py or a module (those marked @agentrl.envs.tool, else all public ones); a row's `tools` column picks its subset; the episode ends at a reply without tool calls"""
     tool_turns: int = 8
     """with --tools: assistant turns an episode may take before it is truncated"""
+    difficulty_filter: int = 0
+    """N >= 1: when a task comes back (a dataset row's next epoch), skip it if its last group's rewards were all equal (all solved or all failed), at most N times in a row and at most tasks_per_step tasks a step (docs/datasets.md); 0: off"""
 
     def __post_init__(self) -> None:
         if self.eval_holdout < 0:
@@ -59,6 +64,8 @@ class DataConfig:
                 self.eval_holdout,
                 "must be a whole number of rows, or a fraction below 1",
             )
+        if self.difficulty_filter < 0:
+            _fail("data", "difficulty_filter", self.difficulty_filter, "must be >= 0 (0: off)")
         if self.tool_turns < 1:
             _fail("data", "tool_turns", self.tool_turns, "must be >= 1")
         if not isinstance(self.reward_options, dict):
@@ -107,6 +114,14 @@ class DataConfig:
             "max_turns": self.tool_turns if self.tools else 1,
             "group_size": group_size,
         }
+
+
+def check_data(cfg: TrainConfig) -> None:
+    """Cross-section checks of ``[data]``."""
+    if cfg.data.difficulty_filter and cfg.rollout.max_staleness:
+        _fail("data", "difficulty_filter", cfg.data.difficulty_filter, "skips tasks as the synchronous loop "
+              "draws them; the asynchronous rollout (--max-staleness) draws its own: use --max-staleness 0, or "
+              "--dynamic-sampling, which drops such groups after they are played")  # fmt: skip
 
 
 def apply_dataset(values: dict[str, dict[str, Any]]) -> None:

@@ -60,6 +60,7 @@ from agentrl.trainer.runtime import (
 from agentrl.trainer.service import RolloutService
 from agentrl.trainer.sft import warm_start
 from agentrl.trainer.store import RunStore, save_rule
+from agentrl.trainer.task_filter import TaskFilter, task_filter
 from agentrl.trainer.weight_sync import WeightSync, make_sync
 
 __all__ = ["RunSummary", "progress_bar", "train"]
@@ -98,6 +99,8 @@ class _Run:
     reference: Path | None = None
     """the KL reference's directory, which each checkpoint names (kl_coef > 0)"""
     last_eval: dict[str, float] | None = None
+    task_filter: TaskFilter = field(default_factory=lambda: TaskFilter(None))
+    """``--difficulty-filter``: the tasks the synchronous loop skips (its memory is checkpointed)"""
     next_task: int = 0
     """the synchronous loop's task cursor: the next task seed to play (the checkpoint's data position)"""
     store: RunStore | None = None
@@ -383,6 +386,7 @@ def _rollouts(run: _Run, start: int) -> Any:
         return take
 
     run.next_task = int((run.resumed or {}).get("data_position", start * r.tasks_per_step))
+    picker = run.task_filter = task_filter(run.cfg, rt.env_factory, (run.resumed or {}).get("task_filter"))
 
     def play(step: int, seeds: list[int]) -> list[RolloutResult]:
         share = rt.loop.run(
@@ -390,13 +394,16 @@ def _rollouts(run: _Run, start: int) -> Any:
             timeout_s=rt.loop_timeout_s,
             what=f"the rollout of step {step}",
         )
-        return rt.ranks.gather(share)  # every rank's groups: the whole step
+        parts = rt.ranks.gather(share)  # every rank's groups: the whole step
+        picker.observe([g for part in parts for g in part.groups])
+        return parts
 
     def now(step: int) -> tuple[RolloutResult, float]:
         t0 = time.perf_counter()
-        seeds = list(range(run.next_task, run.next_task + r.tasks_per_step))
+        seeds, run.next_task, skipped = picker.draw(run.next_task, r.tasks_per_step)  # --difficulty-filter
         res = merge_results(play(step, seeds), seeds)
-        run.next_task += r.tasks_per_step
+        if picker.enabled:
+            res.metrics["rollout/tasks_skipped"] = float(skipped)
         if run.cfg.algo.refill_rounds:  # DAPO: new tasks in place of the groups dynamic sampling drops
             res, run.next_task = refill(
                 res, seeds, lambda more: play(step, more), target=r.tasks_per_step,
@@ -443,6 +450,7 @@ def _save(run: _Run, step: int) -> Path:
             "rollout": run.rt.ranks.gather(run.service.state()) if run.service is not None else None,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
             "reference": reference,  # the KL reference (RUN_DIR/reference), relative to the checkpoint
+            "task_filter": run.task_filter.state(),
             "meta": {"step": step, "reference": reference},
         },
     )

@@ -227,6 +227,11 @@ class DatasetEnv(Env):
         table = self._toolenv._tool_table
         return [t.spec for name, t in table.items() if names is None or name in names]
 
+    def task_key(self, seed: int) -> str:
+        """The task a seed plays, for the trainer's difficulty filter: its split and row."""
+        split, index, _ = self.task_row(seed)
+        return f"{'train' if split == 'warm' else split}:{index}"
+
     def task_row(self, seed: int) -> tuple[str, int, dict[str, Any]]:
         """(split, row index, row) of a task seed: the block of seeds it falls in (training from 0,
         held-out from ``eval_seed_offset``, the warm start's gold episodes from ``warm_seed_offset``)
