@@ -60,7 +60,7 @@ def build_manager(
     (vLLM from its own environment). A bare ``engine_url`` means SGLang's API at that URL.
     """
     from agentrl.models import load_tokenizer
-    from agentrl.session.manager import SessionManager
+    from agentrl.session.embedded import GatewayManager
 
     kind = engine_kind or ("sglang" if engine_url else "hf")
     if kind not in ("hf", "vllm", "sglang"):
@@ -81,7 +81,8 @@ def build_manager(
 
         engine, server = start_engine(kind, model, url=engine_url or "", python=engine_python)
     try:
-        return SessionManager(tokenizer, engine, family, model_name=model), server
+        # a GatewayManager: a client (a trainer handing sessions to agent programs) may pin a session's sampling
+        return GatewayManager(tokenizer, engine, family, model_name=model), server
     except ValueError as e:
         if server is not None:
             server.stop()

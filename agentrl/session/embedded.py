@@ -27,6 +27,7 @@ here was let down by the infrastructure.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -86,6 +87,14 @@ class GatewayManager(SessionManager):
         self._get(session_id)
         self._pins[session_id] = (sampler, [0])
         self._records[session_id] = TurnRecord()
+
+    def info(self, session_id: str) -> dict[str, Any]:
+        """``GET /sessions/{id}``, with a pinned session's :class:`TurnRecord` (a remote trainer reads it)."""
+        out = super().info(session_id)
+        rec = self._records.get(session_id)
+        if rec is not None:
+            out["turn_record"] = dataclasses.asdict(rec)
+        return out
 
     def turn_record(self, session_id: str) -> TurnRecord:
         """The live :class:`TurnRecord` of pinned session ``session_id`` (a fresh one if it is not pinned)."""

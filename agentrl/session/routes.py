@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Annotated, Any
 
+import pydantic
 from fastapi import APIRouter, Depends, Request
 
 from agentrl.engines.protocol import Engine, TokenDelta
@@ -36,6 +37,7 @@ from agentrl.session.errors import SessionRequestError
 from agentrl.session.gateway import authorize, resolve_session
 from agentrl.session.manager import SessionManager
 from agentrl.session.server_wire import ChatCompletionRequest, CreateSessionRequest, TokenizeRequest
+from agentrl.types import SamplingParams
 
 __all__ = ["manager", "router"]
 
@@ -68,14 +70,34 @@ async def tokenize(req: TokenizeRequest, sm: Manager) -> dict[str, Any]:
 
 @router.post("/sessions", status_code=201)
 async def create_session(sm: Manager, req: CreateSessionRequest | None = None) -> dict[str, Any]:
-    """Open a session: its id, its base URLs (OpenAI SDKs, the Anthropic SDK) and its key."""
+    """Open a session: its id, its base URLs (OpenAI SDKs, the Anthropic SDK) and its key; ``pin``
+    fixes the sampling of its turns (:class:`~agentrl.session.embedded.GatewayManager`)."""
+    pinned = _pinned(sm, req.pin) if req is not None and req.pin is not None else None
     sid = await sm.create(req.session_id if req else None)
+    if pinned is not None:
+        sm.pin(sid, lambda turn: pinned[min(turn, len(pinned) - 1)])  # type: ignore[attr-defined]
     return {
         "id": sid,
         "base_url": f"/sessions/{sid}/v1",
         "anthropic_base_url": f"/sessions/{sid}",
         "api_key": sm.session_key(sid),
     }
+
+
+def _pinned(sm: SessionManager, pin: list[dict[str, Any]]) -> list[SamplingParams]:
+    from agentrl.session.embedded import GatewayManager
+
+    if not isinstance(sm, GatewayManager):
+        raise SessionRequestError("this session server does not pin sampling (pin needs a GatewayManager)")
+    out = []
+    for k, fields in enumerate(pin):
+        try:
+            out.append(SamplingParams.model_validate(fields))
+        except pydantic.ValidationError as e:
+            raise SessionRequestError(
+                f"pin[{k}] is not a sampling setting: {e.errors()[0]['msg']} ({fields!r:.100})"
+            ) from e
+    return out
 
 
 async def _turn(

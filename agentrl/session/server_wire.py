@@ -169,6 +169,10 @@ class TokenizeRequest(_In):
 
 class CreateSessionRequest(_In):
     session_id: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    pin: list[dict[str, Any]] | None = Field(None, min_length=1, max_length=1024)
+    """the sampling of the session's turns, one object per turn (``SamplingParams`` fields; turns past
+    the list use its last entry): whatever a client then asks, turn k samples with ``pin[k]`` (at
+    most its ``max_new_tokens``). A trainer pins the sessions it hands to an agent program."""
 
 
 def error_response(

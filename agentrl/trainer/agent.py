@@ -4,14 +4,15 @@ With ``rollout.agent = "CMD"`` (`agentrl train --agent CMD`) an episode is::
 
     messages, _ = await env.areset(seed)                       # the task
     POST {gateway}/sessions -> id, base_url (and a key, where the server issues one)
-    gateway.manager.pin(id, the run's sampling per turn)       # T=1 + seeds in training, greedy in eval
+    pin the run's sampling per turn on it                      # T=1 + seeds in training, greedy in eval
     CMD runs with OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY,
         AGENTRL_TASK (the messages as JSON), AGENTRL_SESSION_ID, AGENTRL_MODEL
         in its own process group, under the episode's deadline
     reward = env.score_agent(outcome)       # or, without that hook: env.step(the model's last reply)
     trajectories = await sessions.close(id)  # exactly what the model sampled, every segment
 
-The agent owns its loop (its prompts, tools, turn limit); agentrl owns the tokens (the
+The gateway is the run's embedded one, or with ``--session-url`` the session server the run trains
+through (:mod:`agentrl.trainer.agent_gateway`). The agent owns its loop (its prompts, tools, turn limit); agentrl owns the tokens (the
 ledger) and the reward (the env). Whatever the model's own output can cause is data: scored
 and counted, never retried away. Who failed is decided from evidence the model cannot
 produce: the agent's exit status, the last line of its stderr, and the gateway's
@@ -54,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -64,7 +64,7 @@ import shutil
 import signal
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,8 +72,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from agentrl.errors import ConfigError
-from agentrl.httpkit import StatusMap
-from agentrl.session.embedded import EmbeddedGateway, GatewayManager, TurnRecord
+from agentrl.session.embedded import EmbeddedGateway, TurnRecord
+from agentrl.trainer.agent_gateway import AgentGateway, LocalGateway
 from agentrl.trainer.errors import AgentError
 from agentrl.types import Message, SamplingParams, Trajectory
 
@@ -81,9 +81,6 @@ if TYPE_CHECKING:
     from agentrl.trainer.agent_workers import WorkerPool
 
 __all__ = ["AgentOutcome", "AgentPlay", "AgentRun", "AgentRunner", "agent_argv", "run_agent", "score_agent"]
-
-_GATEWAY_ERRORS = StatusMap[AgentError](default=AgentError)
-"""The gateway refused a session (any answer but 201): the attempt's infrastructure failed."""
 
 _KILL_GRACE_S = 5.0
 """How long to wait for a killed process group and its pipes before giving up on them."""
@@ -243,20 +240,16 @@ class AgentRunner:
     def __init__(
         self,
         program: list[str] | WorkerPool,
-        gateway: EmbeddedGateway,
+        gateway: EmbeddedGateway | AgentGateway,
         *,
         timeout_s: float,
         log_dir: Path | None = None,
     ) -> None:
-        if not isinstance(gateway.manager, GatewayManager):
-            raise ConfigError(
-                "the agent gateway must serve a GatewayManager (its sessions pin the run's sampling)"
-            )
-        self.gateway, self.timeout_s, self.log_dir = gateway, timeout_s, log_dir
+        self.gateway = gateway if isinstance(gateway, AgentGateway) else LocalGateway(gateway)
+        self.timeout_s, self.log_dir = timeout_s, log_dir
         self.argv = program if isinstance(program, list) else []
         self.pool = None if isinstance(program, list) else program
         self.label = shlex.join(self.argv) if self.pool is None else self.pool.label
-        self.manager: GatewayManager = gateway.manager
 
     def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
         """What one attempt holds while it runs, taken before its deadline starts: a worker of the
@@ -268,36 +261,13 @@ class AgentRunner:
         if self.pool is not None:
             await self.pool.aclose()
 
-    async def _create(self) -> tuple[str, dict[str, str]]:
-        """A session on the gateway: its id and the variables that point the agent's SDKs at it.
-
-        The key is the one the server issued (``api_key``), else a placeholder; the Anthropic
-        base URL is the server's ``anthropic_base_url``, else the OpenAI one without ``/v1``
-        (the Anthropic SDK appends ``/v1/messages`` itself).
-        """
-        url = self.gateway.url
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0), verify=_tls()) as http:
-            resp = await http.post(f"{url}/sessions", json={})
-        if resp.status_code != 201:
-            raise _GATEWAY_ERRORS.error(resp.status_code, resp.content, f"POST {url}/sessions")
-        body = resp.json()
-        base = str(body["base_url"])
-        key = str(body.get("api_key") or "agentrl-no-key")
-        urls = {
-            "OPENAI_BASE_URL": url + base,
-            "OPENAI_API_KEY": key,
-            "ANTHROPIC_BASE_URL": url + str(body.get("anthropic_base_url") or base.removesuffix("/v1")),
-            "ANTHROPIC_API_KEY": key,
-        }
-        return str(body["id"]), urls
-
     def _environ(self, sid: str, urls: dict[str, str], task: list[Message]) -> dict[str, str]:
         """The episode's variables (a process gets them on top of the run's environment)."""
         return {
             **urls,
             "AGENTRL_TASK": json.dumps([m.model_dump(exclude_none=True) for m in task]),
             "AGENTRL_SESSION_ID": sid,
-            "AGENTRL_MODEL": self.manager.model_name,
+            "AGENTRL_MODEL": self.gateway.model_name,
         }
 
     def _log(self, where: str, run: AgentRun) -> None:
@@ -316,15 +286,15 @@ class AgentRunner:
 
         ``sampling(turn) -> SamplingParams`` is pinned on the session; ``where`` names the log file.
         """
-        sid, urls = await self._create()
-        closed = False
+        gw = self.gateway
+        opened = await gw.open(sampling)
+        sid, closed = opened.sid, False
         try:
-            self.manager.pin(sid, sampling)
-            at_deadline: list[TurnRecord] = []
-            variables = self._environ(sid, urls, task)
+            at_deadline: list[TurnRecord | Awaitable[TurnRecord]] = []
+            variables = self._environ(sid, opened.urls, task)
 
             def on_deadline() -> None:
-                at_deadline.append(dataclasses.replace(self.manager.turn_record(sid)))
+                gw.at_deadline(opened, at_deadline)
 
             if self.pool is not None:
                 tasks = [m.model_dump(exclude_none=True) for m in task]
@@ -334,11 +304,10 @@ class AgentRunner:
                     self.argv, {**os.environ, **variables}, self.timeout_s, None, on_deadline
                 )
             self._log(where, run)
-            ledger = self.manager.ledger(sid)
-            turns = sum(len(s.turns) for s in ledger.segments)
-            cause, error = await self._judge(run, at_deadline, self.manager.turn_record(sid), turns)
-            messages = list(ledger.current.messages) if ledger.current is not None else []
-            trajs = await self.manager.close(sid)
+            turns, messages = await gw.summary(opened)
+            seen = [r if isinstance(r, TurnRecord) else await r for r in at_deadline]
+            cause, error = await self._judge(run, seen, await gw.record(opened), turns)
+            trajs = await gw.close(opened)
             closed = True
             outcome = AgentOutcome(list(task), messages, run.stdout, turns, trajs, cause)
             reward, terminated = await score_agent(env, outcome)
@@ -346,7 +315,7 @@ class AgentRunner:
         finally:
             if not closed:
                 with contextlib.suppress(Exception):
-                    await self.manager.close(sid)
+                    await gw.close(opened)
 
     async def _judge(
         self, run: AgentRun, at_deadline: list[TurnRecord], record: TurnRecord, turns: int

@@ -118,7 +118,7 @@ class RolloutConfig:
     session_url: str = ""
     """URL of a session server; empty uses the in-process session manager"""
     agent: str = ""
-    """a black-box agent command that plays each episode (run once per episode with OPENAI_BASE_URL, ANTHROPIC_BASE_URL, keys and AGENTRL_TASK set; see docs/session.md); with --agent-workers: the agent function, module:function or path/file.py:function; empty: agentrl's own agent loop"""
+    """a black-box agent command that plays each episode (run once per episode with OPENAI_BASE_URL, ANTHROPIC_BASE_URL, keys and AGENTRL_TASK set; see docs/session.md; with --session-url its sessions are on that server); with --agent-workers: the agent function, module:function or path/file.py:function; empty: agentrl's own agent loop"""
     agent_workers: int = 0
     """N >= 1: --agent is a function play(task, env) run by N worker processes started once per run, each playing episodes one after another (docs/session.md); 0: the agent command starts once per episode"""
     group_size: int = 8
@@ -206,9 +206,6 @@ class RolloutConfig:
             from agentrl.trainer.agent_workers import check_agent
 
             check_agent(self.agent, self.agent_workers)  # a command that exists, or a function that loads
-            if self.session_url:
-                _fail("rollout", "agent", self.agent, "--agent runs its own session gateway in process; "
-                      "--session-url with --agent is not supported yet (leave --session-url out)")  # fmt: skip
 
 
 @dataclass(frozen=True)

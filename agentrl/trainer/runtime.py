@@ -304,13 +304,17 @@ def _agent(
         return None, None
     from agentrl.session.embedded import EmbeddedGateway, GatewayManager
     from agentrl.trainer.agent import AgentRunner, agent_argv
+    from agentrl.trainer.agent_gateway import RemoteGateway
     from agentrl.trainer.agent_workers import WorkerPool
 
+    r = cfg.rollout
+    log_dir = run_dir / "agents" if run_dir is not None else None
+    program = WorkerPool(r.agent, r.agent_workers) if r.agent_workers else agent_argv(r.agent)
+    if r.session_url:  # the session server the run trains through is the agents' gateway
+        remote = RemoteGateway(r.session_url, sessions.model_name)
+        return None, AgentRunner(program, remote, timeout_s=r.episode_timeout_s, log_dir=log_dir)
     assert isinstance(sessions, GatewayManager)
     gateway = EmbeddedGateway(sessions, loop, default_max_tokens=cfg.rollout.max_new_tokens).start()
-    log_dir = run_dir / "agents" if run_dir is not None else None
-    r = cfg.rollout
-    program = WorkerPool(r.agent, r.agent_workers) if r.agent_workers else agent_argv(r.agent)
     runner = AgentRunner(program, gateway, timeout_s=r.episode_timeout_s, log_dir=log_dir)
     return gateway, runner
 

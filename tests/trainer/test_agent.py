@@ -282,7 +282,6 @@ def test_anthropic_agent_plays_through_the_messages_dialect(stack, tmp_path):
     [
         ("no-such-program --x", {}, "is not an executable"),
         ("python 'unclosed", {}, "cannot split"),
-        ("python a.py", {"session_url": "http://127.0.0.1:9"}, "not supported yet"),
     ],
 )
 def test_bad_agent_settings_fail_fast_naming_the_field(agent, extra, needle):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +17,7 @@ from agentrl.engines.hf import HFEngine
 from agentrl.errors import ConfigError
 from agentrl.httpkit import BackgroundServer
 from agentrl.models import load_tokenizer
+from agentrl.session.embedded import GatewayManager
 from agentrl.session.manager import SessionManager
 from agentrl.session.server import create_app
 from agentrl.trainer.config import resolve
@@ -28,6 +31,7 @@ SMALL = {
     "eval_episodes": 4, "sft_steps": 3, "sft_batch_size": 4, "eval_every": 0, "progress": False,
     "tensorboard": False,
 }  # fmt: skip
+ROOT = Path(__file__).resolve().parents[2]
 PROBE = [Message(role="user", content="Reach 7 with 3 and 4.")]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
@@ -208,3 +212,63 @@ def test_remote_sessions_raise_the_session_errors_the_rollout_classifies(
             await sessions.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def gateway_server() -> Iterator[tuple[str, GatewayManager]]:
+    """What `agentrl serve-session` serves: a GatewayManager, whose sessions a client may pin."""
+    engine = HFEngine("tiny", device="cpu", seed=0, prefix_cache_bytes=0)
+    manager = GatewayManager(load_tokenizer("tiny"), engine, model_name="tiny")
+    with BackgroundServer(create_app(manager)) as srv:
+        yield srv.url, manager
+    engine.close()
+
+
+def _chat(url: str, sid: str, **sampling) -> dict:
+    body = {"messages": [m.model_dump(exclude_none=True) for m in PROBE], **sampling}
+    r = httpx.post(f"{url}/sessions/{sid}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_pinned_session_samples_with_its_pin_whatever_the_client_asks(gateway_server, server) -> None:
+    url, _ = gateway_server
+    pin = [{"temperature": 0.0, "max_new_tokens": 3}]
+    replies = []
+    for _ in range(2):
+        sid = httpx.post(f"{url}/sessions", json={"pin": pin}, timeout=10).json()["id"]
+        out = _chat(url, sid, temperature=1.5, max_tokens=50, seed=None)
+        info = httpx.get(f"{url}/sessions/{sid}", timeout=10).json()
+        assert out["usage"]["completion_tokens"] <= 3  # the pin's budget, not the client's 50
+        assert info["turn_record"] == {"answered": 1, "in_flight": 0, "last_failure": None}
+        replies.append(out["choices"][0]["message"]["content"])
+        httpx.delete(f"{url}/sessions/{sid}", timeout=10)
+    assert replies[0] == replies[1]  # greedy, as pinned, though the client asked for T = 1.5
+    bad = httpx.post(f"{url}/sessions", json={"pin": [{"temperature": -1}]}, timeout=10)
+    assert bad.status_code == 422 and "pin[0] is not a sampling setting" in bad.text, bad.text
+    plain, _ = server  # a server over a plain SessionManager cannot pin: it says so
+    refused = httpx.post(f"{plain}/sessions", json={"pin": pin}, timeout=10)
+    assert refused.status_code == 422 and "does not pin sampling" in refused.text, refused.text
+
+
+@pytest.mark.slow
+def test_agent_programs_train_through_a_session_server(gateway_server, tmp_path) -> None:
+    """--agent with --session-url: the agents' sessions are on the server the run trains through."""
+    url, manager = gateway_server
+    before = httpx.get(f"{url}/metrics", timeout=10).json()
+    agent = f"{sys.executable} {ROOT / 'examples/agents/openai_agents_agent.py'}"
+    cfg = resolve(
+        env="calc-agent", agent=agent, session_url=url, model="tiny", group_size=2, tasks_per_step=2,
+        max_new_tokens=24, eval_episodes=2, eval_samples=0, sft_steps=2, sft_batch_size=4, eval_every=0,
+        steps=1, progress=False, tensorboard=False, run_dir=str(tmp_path),
+    )  # fmt: skip
+    train(cfg, console=_quiet())
+    (step,) = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert step["rollout/episodes_ok"] == 4 and step["rollout/infra_retries"] == 0
+    assert step["sync/version"] == 1.0 and manager.engine.weight_version == 1  # synced into the server
+    after = httpx.get(f"{url}/metrics", timeout=10).json()
+    assert after["tito/sessions_created"] - before.get("tito/sessions_created", 0.0) == 4 + 2 * 2
+    assert after["tito/sessions_open"] == 0
+    store = agentrl.rollouts.load(tmp_path, kind="train").to_pandas()
+    assert len(store) == 4 and all(r.loss_mask.sum() > 0 for r in store.itertuples())
+    assert len(list((tmp_path / "agents" / "step-0").glob("*.log"))) == 4
