@@ -247,11 +247,6 @@ def _check_world(cfg: TrainConfig, world: int) -> None:
             f"rollout.tasks_per_step={r.tasks_per_step}: must be a multiple of the {world} ranks, "
             "which each roll out an equal share of the tasks"
         )
-    if r.agent:
-        raise ConfigError(
-            f"rollout.agent={r.agent!r}: agent episodes under torchrun ({world} ranks) are not supported "
-            "yet; run one process (python -m agentrl.cli train ...)"
-        )
     # rank actors on Ray: every rank's replicas reload the file rank 0 writes
     on_ray = cfg.cluster.ray and cfg.cluster.trainers == world
     if r.session_url or (cfg.run.weight_sync != "inprocess" and not on_ray):

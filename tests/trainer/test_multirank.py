@@ -213,3 +213,29 @@ def test_a_resumed_kl_run_under_torchrun_keeps_the_start_of_rl_reference(warm_mo
     for key in ("rollout/reward", "train/tokens", "train/kl", "train/loss", "train/grad_norm"):
         assert rb[key] == ra[key], key
     assert (b / "reference" / "model.safetensors").exists()  # the resumed run's own checkpoints resume too
+
+
+@pytest.mark.slow
+def test_agent_programs_under_torchrun_each_rank_plays_its_share(tmp_path):
+    """--agent under torchrun: every rank runs its own gateway and agents for its share of the tasks."""
+    run = tmp_path / "agents"
+    agent = f"{sys.executable} {ROOT / 'examples/agents/openai_agents_agent.py'}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), "-m", "agentrl.cli", "train", "--env", "calc-agent", "--agent", agent,
+           "--model", "tiny", "--group-size", "2", "--tasks-per-step", "2", "--max-new-tokens", "24",
+           "--eval-episodes", "2", "--eval-samples", "0", "--sft-steps", "2", "--sft-batch-size", "4",
+           "--eval-every", "0", "--steps", "2", "--run-dir", str(run), "--no-progress", "--no-tensorboard"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert [(r["rollout/episodes_ok"], r["rollout/groups"], r["rollout/infra_retries"]) for r in rows] == [
+        (4.0, 2.0, 0.0)
+    ] * 2
+    logs = sorted(p.name for p in (run / "agents" / "step-0").glob("*.log"))
+    assert logs == [
+        "s0-0-a0.log",
+        "s0-1-a0.log",
+        "s1-0-a0.log",
+        "s1-1-a0.log",
+    ]  # rank 0's task 0, rank 1's task 1
