@@ -36,13 +36,17 @@ PROBE = [Message(role="user", content="Reach 7 with 3 and 4.")]
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, SessionManager]]:
+def _serve(cls: type[SessionManager]) -> Iterator[tuple[str, SessionManager]]:
     engine = HFEngine("tiny", device="cpu", seed=0, prefix_cache_bytes=0)
-    manager = SessionManager(load_tokenizer("tiny"), engine, model_name="tiny")
+    manager = cls(load_tokenizer("tiny"), engine, model_name="tiny")
     with BackgroundServer(create_app(manager)) as srv:
         yield srv.url, manager
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, SessionManager]]:
+    yield from _serve(SessionManager)
 
 
 def _quiet() -> Console:
@@ -215,13 +219,9 @@ def test_remote_sessions_raise_the_session_errors_the_rollout_classifies(
 
 
 @pytest.fixture(scope="module")
-def gateway_server() -> Iterator[tuple[str, GatewayManager]]:
+def gateway_server() -> Iterator[tuple[str, SessionManager]]:
     """What `agentrl serve-session` serves: a GatewayManager, whose sessions a client may pin."""
-    engine = HFEngine("tiny", device="cpu", seed=0, prefix_cache_bytes=0)
-    manager = GatewayManager(load_tokenizer("tiny"), engine, model_name="tiny")
-    with BackgroundServer(create_app(manager)) as srv:
-        yield srv.url, manager
-    engine.close()
+    yield from _serve(GatewayManager)
 
 
 def _chat(url: str, sid: str, **sampling) -> dict:
