@@ -56,7 +56,8 @@ class ChunkReader:
         versions = meta.get("output_token_weight_versions")
         seen = len(self.ids)
         if total is None or len(ids) >= total:  # cumulative: the first `seen` are known
-            n = min(len(ids), len(pairs))  # the count a list grown since its serialization agrees on
+            # an unfinished chunk's lists may have grown apart since their count: take what both hold
+            n = len(ids) if meta.get("finish_reason") is not None else min(len(ids), len(pairs))
             if ids[:seen] != self.ids:
                 raise EngineUnavailableError(
                     f"{self.where}: a cumulative stream chunk does not start with the {seen} tokens sent before it"
