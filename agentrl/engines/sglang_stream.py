@@ -86,7 +86,7 @@ class ChunkReader:
         self.finished = meta.get("finish_reason") is not None
         if not new_ids:
             return None
-        return TokenDelta(new_ids, logprobs)
+        return TokenDelta(new_ids, logprobs, [int(v) for v in new_versions or []])
 
     def _check(self, ids: list[int], pairs: list[list[Any]], versions: list[Any] | None) -> list[float]:
         """The new tokens' logprobs, once ids, logprobs and versions agree."""

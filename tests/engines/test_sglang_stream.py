@@ -130,6 +130,31 @@ async def test_a_client_that_goes_away_mid_stream_aborts_the_request(
     assert len((await SGLangEngine(urls[False]).generate([1, 2], sp(max_new_tokens=3))).output_ids) == 3
 
 
+async def test_a_weight_update_mid_stream_labels_each_token_with_the_version_that_sampled_it(
+    served: tuple[HFEngine, dict[bool, str]],
+) -> None:
+    """``output_token_weight_versions`` reach the client chunk by chunk in both modes: the deltas'
+    labels are the final Generation's, and a stream that ran across an update shows both versions."""
+    engine, urls = served
+    mixed = []
+    for attempt, incremental in enumerate([False, True] * 3):  # an update may land after the last token
+        client = SGLangEngine(urls[incremental], timeout_s=60)
+        stream = client.generate_stream([1, 2], sp(max_new_tokens=100, temperature=1.0, seed=attempt))
+        items = [await anext(stream)]
+        before = engine.weight_version
+        await engine.update_weights_from_state_dict(engine.model.state_dict())  # same weights, new version
+        items += [x async for x in stream]
+        *deltas, final = items
+        assert isinstance(final, Generation) and len(final.output_ids) == 100
+        assert [v for d in deltas for v in d.weight_versions] == final.weight_versions  # type: ignore[union-attr]
+        assert final.weight_versions[0] == before and set(final.weight_versions) <= {before, before + 1}
+        assert final.weight_versions == sorted(final.weight_versions)
+        mixed.append(len(set(final.weight_versions)) == 2)
+        if any(mixed[0::2]) and any(mixed[1::2]):
+            break
+    assert any(mixed[0::2]) and any(mixed[1::2]), mixed
+
+
 def test_the_session_gateway_on_sglang_streams_a_chat_turn_token_by_token() -> None:
     """``--engine sglang`` on ``agentrl serve-engine``: a streamed chat completion reaches the
     OpenAI SDK in several chunks, and the turn is recorded as sampled."""
