@@ -189,6 +189,34 @@ def test_the_session_gateway_on_sglang_streams_a_chat_turn_token_by_token() -> N
     assert 0 < len(sampled) <= 24
 
 
+class _DiesMidStream(HFEngine):
+    """The embedded engine, failing after it streamed its tokens (as a lost device would)."""
+
+    async def generate_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[TokenDelta | Generation]:
+        async for item in super().generate_stream(*args, **kwargs):
+            if isinstance(item, Generation):
+                raise EngineUnavailableError("the device was lost")
+            yield item
+
+
+async def test_a_failure_after_the_stream_started_reaches_the_client_as_an_error() -> None:
+    """serve-engine sends SGLang's error event once it has answered 200; the client raises it."""
+    engine = _DiesMidStream(tiny_qwen2(seed=0), device="cpu", stop_on_eos=False)
+    try:
+        with BackgroundServer(create_app(engine)) as srv:
+            chunks = await _events(srv.url, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8},
+                                             "stream": True})  # fmt: skip
+            assert chunks[-1] == {
+                "error": {"message": "the device was lost", "type": "EngineUnavailableError"}
+            }
+            assert chunks[0]["output_ids"] and chunks[0]["meta_info"]["finish_reason"] is None
+            client = SGLangEngine(srv.url, timeout_s=30)
+            with pytest.raises(EngineUnavailableError, match="failed while streaming: the device was lost"):
+                _ = [x async for x in client.generate_stream([1, 2], sp(max_new_tokens=8))]
+    finally:
+        engine.close()
+
+
 def _bad_server(chunks: list[dict[str, Any]]) -> FastAPI:
     """A server answering every streamed ``/generate`` with ``chunks`` (SGLang's framing)."""
     app = FastAPI()
