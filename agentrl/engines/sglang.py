@@ -8,7 +8,9 @@ is retried with backoff; idempotent reads (``/health``, ``/get_model_info``) are
 retried on read errors and 502/503. A generation that times out is aborted on the
 server (``/abort_request``) and raised as :class:`EngineTimeoutError`; it is never
 retried. Weight updates are never retried. Sync code calls the coroutines through
-:func:`agentrl.engines.protocol.run_sync`.
+:func:`agentrl.engines.protocol.run_sync`. ``generate_stream`` reads SGLang's streamed
+``/generate`` (cumulative or incremental chunks, :mod:`agentrl.engines.sglang_stream`); a stream
+closed early, past its deadline or cancelled is aborted on the server like a generation.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,6 +21,7 @@ from fastapi.responses import StreamingResponse
 from test_hf_engine import LOGPROB_ATOL, sp
 
 from agentrl.engines import EngineUnavailableError, Generation, HFEngine, TokenDelta, run_sync
+from agentrl.engines.launcher import launch_server
 from agentrl.engines.server import create_app
 from agentrl.engines.sglang import SGLangEngine
 from agentrl.httpkit import BackgroundServer
@@ -87,6 +91,27 @@ async def test_both_chunk_modes_stream_exactly_the_generation(
     assert [lp for d in deltas for lp in d.logprobs] == final.logprobs  # type: ignore[union-attr]
     assert final.logprobs == pytest.approx(plain.logprobs, abs=LOGPROB_ATOL)
     assert final.weight_versions == plain.weight_versions and final.prompt_tokens == 3
+
+
+async def test_the_cli_flag_makes_the_chunks_incremental(tmp_path: Path) -> None:
+    """``agentrl serve-engine --incremental-streaming-output``: each chunk holds only its new tokens."""
+    tiny_qwen2(seed=0).save_pretrained(tmp_path)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve-engine", "--model", str(tmp_path), "--port", str(port),
+           "--incremental-streaming-output"]  # fmt: skip
+    srv = launch_server(cmd, f"http://127.0.0.1:{port}", startup_timeout_s=120)
+    try:
+        body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 12}, "stream": True}
+        chunks = await _events(srv.base_url, body)
+    finally:
+        srv.stop()
+    counts = [ch["meta_info"]["completion_tokens"] for ch in chunks]
+    assert len(chunks) > 2 and counts[-1] == 12
+    assert [len(ch["output_ids"]) for ch in chunks] == [
+        b - a for a, b in zip([0, *counts], counts, strict=False)
+    ]
 
 
 async def _finished_early(engine: HFEngine, go_away: Any) -> bool:
