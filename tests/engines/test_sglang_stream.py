@@ -155,6 +155,27 @@ async def test_a_client_that_goes_away_mid_stream_aborts_the_request(
     assert len((await SGLangEngine(urls[False]).generate([1, 2], sp(max_new_tokens=3))).output_ids) == 3
 
 
+async def test_abort_all_reaches_a_streamed_request(served: tuple[HFEngine, dict[bool, str]]) -> None:
+    """``/abort_request`` with ``abort_all`` (and the weight endpoints' ``abort_all_requests``)
+    stops streamed requests too: the stream ends with finish_reason "abort" and the tokens so far."""
+    _, urls = served
+    reasons = []
+    for attempt in range(3):  # an abort that lands during the last decode step finds the request done
+        stream = SGLangEngine(urls[False], timeout_s=60).generate_stream(
+            [1, 2], sp(max_new_tokens=120, seed=attempt)
+        )
+        assert isinstance(await anext(stream), TokenDelta)
+        async with httpx.AsyncClient(base_url=urls[False], timeout=30) as c:
+            assert (await c.post("/abort_request", json={"abort_all": True})).status_code == 200
+        final = [x async for x in stream][-1]
+        assert isinstance(final, Generation)
+        reasons.append(final.finish_reason)
+        if final.finish_reason == "abort":
+            assert 0 < len(final.output_ids) < 120
+            break
+    assert reasons[-1] == "abort", reasons
+
+
 async def test_a_weight_update_mid_stream_labels_each_token_with_the_version_that_sampled_it(
     served: tuple[HFEngine, dict[bool, str]],
 ) -> None:
