@@ -1,13 +1,16 @@
-"""Time to first token through the session gateway on vLLM, streamed against not streamed.
+"""Time to first token through the session gateway on an HTTP engine, streamed against not streamed.
 
 ::
 
-    python benchmarks/stream_ttft.py                 # tiny model, 128-token replies, 10 requests each
+    python benchmarks/stream_ttft.py                   # vLLM, tiny model, 128-token replies, 10 requests each
+    python benchmarks/stream_ttft.py --engine sglang   # SGLangEngine on `agentrl serve-engine` (SGLang's API)
 
-Starts a vLLM server (its own environment, ``scripts/setup.sh --vllm``) on the ``tiny`` model and a
-session server on it, then times, for the same seeded request (at most 128 tokens):
+Starts the engine server on the ``tiny`` model (``--engine vllm``: a vLLM server, its own
+environment, ``scripts/setup.sh --vllm``; ``--engine sglang``: ``agentrl serve-engine``, the embedded
+engine behind SGLang's native API, since SGLang itself needs a GPU) and a session server on it,
+then times, for the same seeded request (at most 128 tokens):
 
-- ``engine stream``: ``VLLMEngine.generate_stream``, the first :class:`TokenDelta` (the baseline);
+- ``engine stream``: the engine client's ``generate_stream``, the first :class:`TokenDelta` (the baseline);
 - ``gateway stream``: the OpenAI SDK, ``stream=True`` through the session server, the first content chunk;
 - ``gateway, not streamed``: the same request with ``stream=False``, the whole reply (what a client
   waited for before the first token when the engine client sent the reply as one delta).
@@ -18,22 +21,32 @@ Medians of 10 requests each, the ratio against the engine's own first token.
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
+import sys
 import time
 from typing import Any
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--requests", type=int, default=10)
+    ap.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
     a = ap.parse_args()
 
     import httpx
     import openai
 
-    from agentrl.engines.launcher import launch_vllm_server
+    from agentrl.engines.launcher import launch_server, launch_vllm_server
     from agentrl.engines.protocol import TokenDelta, run_sync
+    from agentrl.engines.sglang import SGLangEngine
     from agentrl.engines.vllm import VLLMEngine
     from agentrl.httpkit import BackgroundServer
     from agentrl.models import load_tokenizer, resolve
@@ -42,9 +55,18 @@ def main() -> None:
     from agentrl.types import SamplingParams
 
     tok = load_tokenizer("tiny")
-    srv = launch_vllm_server(resolve("tiny"), startup_timeout_s=600)
+    if a.engine == "vllm":
+        srv = launch_vllm_server(resolve("tiny"), startup_timeout_s=600)
+    else:
+        port = _free_port()
+        cmd = [sys.executable, "-m", "agentrl.cli", "serve-engine", "--model", "tiny", "--port", str(port)]
+        srv = launch_server(cmd, f"http://127.0.0.1:{port}", startup_timeout_s=300)
     try:
-        engine = VLLMEngine(srv.base_url, resolve("tiny"), max_context=4096)
+        engine: VLLMEngine | SGLangEngine = (
+            VLLMEngine(srv.base_url, resolve("tiny"), max_context=4096)
+            if a.engine == "vllm"
+            else SGLangEngine(srv.base_url)
+        )
         text = tok.apply_chat_template(
             [{"role": "user", "content": "Count to fifty."}], add_generation_prompt=True, tokenize=False
         )
@@ -93,6 +115,7 @@ def main() -> None:
                     if i:  # the first is a warm-up
                         times[name].append(dt)
         base = statistics.median(times["engine stream"])
+        print(f"engine: {a.engine} ({type(engine).__name__} at {srv.base_url})\n")
         print(f"| first token, {a.tokens}-token reply (median of {a.requests}) | s | × engine stream |")
         print("| --- | ---: | ---: |")
         for name, ts in times.items():

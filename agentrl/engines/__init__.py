@@ -94,3 +94,6 @@ if TYPE_CHECKING:  # mypy proves every engine satisfies the protocol's signature
 
     def _conforms(hf: HFEngine, sglang: SGLangEngine, sim: SimulatedEngine) -> tuple[Engine, Engine, Engine]:
         return hf, sglang, sim
+
+    def _streams(hf: HFEngine, sglang: SGLangEngine) -> tuple[StreamingEngine, StreamingEngine]:
+        return hf, sglang

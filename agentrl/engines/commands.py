@@ -33,7 +33,8 @@ def _serve_engine(args: argparse.Namespace) -> int:
             f"{info['vocab_size']}, context {info['max_context']}) at http://{args.host}:{args.port}",
             flush=True,
         )
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+        app = create_app(engine, incremental_streaming_output=args.incremental_streaming_output)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine.close()
     return 0
@@ -54,6 +55,11 @@ def register(sub: Any) -> None:
     p.add_argument("--max-batch-size", type=int, default=64, help="most requests decoded together")
     p.add_argument("--seed", type=int, default=0, help="seeds requests that carry no sampling_seed")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS tokens")
+    p.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="a streamed /generate sends each chunk's new tokens only, not every token so far (as SGLang's flag)",
+    )
     p.add_argument(
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
     )

@@ -196,13 +196,16 @@ class HFEngine(WeightGroupEngine):
         """
         rid = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, float, int] | None] = asyncio.Queue()
 
-        def post(item: tuple[int, float] | None) -> None:
+        def post(item: tuple[int, float, int] | None) -> None:
             with contextlib.suppress(RuntimeError):  # the caller's loop is gone: nobody listens
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        fut = self._submit(input_ids, parse_sampling(sampling), rid, on_token=lambda t, lp: post((t, lp)))
+        def on_token(t: int, lp: float) -> None:  # in the engine thread, right after sampling t
+            post((t, lp, self._sched.version))  # so the scheduler's version is the one that sampled t
+
+        fut = self._submit(input_ids, parse_sampling(sampling), rid, on_token=on_token)
         fut.add_done_callback(lambda _: post(None))  # after every token: one thread posts both, in order
         finished = False
         try:
@@ -214,7 +217,7 @@ class HFEngine(WeightGroupEngine):
                     items.append(item)
                 toks = [x for x in items if x is not None]
                 if toks:
-                    yield TokenDelta([t for t, _ in toks], [lp for _, lp in toks])
+                    yield TokenDelta([x[0] for x in toks], [x[1] for x in toks], [x[2] for x in toks])
                 if items[-1] is None:
                     finished = True
                     gen: Generation = await asyncio.wrap_future(fut)

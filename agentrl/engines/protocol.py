@@ -102,6 +102,9 @@ class TokenDelta:
 
     output_ids: list[int]
     logprobs: list[float]
+    weight_versions: list[int] = field(default_factory=list)
+    """The version that sampled each token, where the engine says so as it streams (``HFEngine``);
+    empty otherwise (the final :class:`Generation` labels every token)."""
 
 
 @dataclass(frozen=True)

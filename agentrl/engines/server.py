@@ -7,7 +7,9 @@ SGLang server alike. Endpoints:
 - ``POST /generate``: ``input_ids`` (one prompt or a batch), ``sampling_params``
   (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``stop_token_ids``,
   ``sampling_seed``, ``ignore_eos``; SGLang's other fields only at their defaults),
-  ``return_logprob``, ``rid``. Response: ``output_ids`` and ``meta_info`` with ``id``,
+  ``return_logprob``, ``rid``, ``stream`` (one prompt: SGLang's server-sent chunks, cumulative
+  or with ``--incremental-streaming-output`` incremental; :mod:`agentrl.engines.server_stream`).
+  Response: ``output_ids`` and ``meta_info`` with ``id``,
   ``finish_reason`` (``{"type": "stop", "matched": id}`` / ``{"type": "length", "length": n}`` /
   ``{"type": "abort", ...}``), ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
   ``weight_version``, ``e2e_latency``, ``output_token_logprobs`` (``[logprob, token_id, null]``),
@@ -33,8 +35,10 @@ own ``flush_cache`` and ``model_info``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -45,7 +49,8 @@ from agentrl import __version__
 from agentrl.engines import weight_routes
 from agentrl.engines.errors import EngineError, EngineRequestError, EngineUnavailableError
 from agentrl.engines.hf import HFEngine
-from agentrl.engines.protocol import Engine, Generation
+from agentrl.engines.protocol import Engine, Generation, TokenDelta, stream_generate
+from agentrl.engines.server_stream import open_stream
 from agentrl.engines.server_wire import (
     GENERATE_FIELDS,
     check_fields,
@@ -62,11 +67,13 @@ __all__ = ["Inflight", "create_app", "router"]
 
 
 class Inflight:
-    """The requests this server has handed to the engine and not yet answered: ``rid -> task``."""
+    """The requests this server has handed to the engine and not yet answered: ``rid -> task``,
+    and the ids of those it streams."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.tasks: dict[str, asyncio.Task[Generation]] = {}
+        self.streams: set[str] = set()
 
     async def run(self, jobs: list[tuple[list[int], SamplingParams, str]]) -> list[Generation]:
         """Generate every ``(prompt, params, rid)`` concurrently; a batch is all or nothing.
@@ -95,9 +102,28 @@ class Inflight:
                 if self.tasks.get(rid) is t:
                     del self.tasks[rid]
 
+    async def stream(
+        self, job: tuple[list[int], SamplingParams, str]
+    ) -> AsyncGenerator[TokenDelta | Generation, None]:
+        """One ``(prompt, params, rid)`` streamed: the engine's deltas, then its ``Generation``.
+
+        Tracked until the stream ends, so ``abort_all`` reaches it; closing it early (the client
+        went away) aborts the request in the engine.
+        """
+        prompt, params, rid = job
+        self.streams.add(rid)
+        try:
+            async with contextlib.aclosing(
+                stream_generate(self.engine, prompt, params, request_id=rid)
+            ) as items:
+                async for item in items:
+                    yield item
+        finally:
+            self.streams.discard(rid)
+
     async def abort_all(self) -> int:
         """Abort every request in flight; returns how many were."""
-        live = [rid for rid, t in self.tasks.items() if not t.done()]
+        live = [rid for rid, t in self.tasks.items() if not t.done()] + sorted(self.streams)
         for rid in live:
             await self.engine.abort(rid)
         return len(live)
@@ -126,8 +152,6 @@ def _jobs(body: dict[str, Any], vocab_size: int) -> tuple[list[tuple[list[int], 
         raise EngineRequestError(
             "/generate needs input_ids (agentrl serve-engine has no tokenizer; send token ids)"
         )
-    if body.get("stream"):
-        raise EngineRequestError("stream=true is not supported by agentrl serve-engine; use stream=false")
     if body.get("logprob_start_len") not in (None, -1) or body.get("top_logprobs_num") not in (None, 0):
         raise EngineRequestError(
             "only output-token logprobs are supported (logprob_start_len=-1, top_logprobs_num=0)"
@@ -159,10 +183,24 @@ def _per_item(body: dict[str, Any], name: str, default: Any, batched: bool, n: i
 
 
 @router.api_route("/generate", methods=["POST", "PUT"])
-async def generate(request: Request, eng: Served, tracked: Tracked) -> JSONResponse:
+async def generate(request: Request, eng: Served, tracked: Tracked) -> Response:
     body = await read_body(request)
     jobs, batched = _jobs(body, eng.vocab_size)
     logprob_flags = _per_item(body, "return_logprob", False, batched, len(jobs))
+    if body.get("stream"):
+        if batched:
+            raise EngineRequestError(
+                f"stream=true takes one prompt (input_ids a list of token ids), got a batch of {len(jobs)}; "
+                "send one streamed request per prompt, or stream=false for the batch"
+            )
+        prompt, _, rid = jobs[0]
+        return await open_stream(
+            tracked.stream(jobs[0]),
+            rid,
+            len(prompt),
+            return_logprob=bool(logprob_flags[0]),
+            incremental=request.app.state.incremental_streaming_output,
+        )
     gens = await tracked.run(jobs)
     out = [generation_response(g, bool(lp)) for g, lp in zip(gens, logprob_flags, strict=True)]
     return JSONResponse(out if batched else out[0])
@@ -231,9 +269,14 @@ async def _on_validation(_: Request, e: Exception) -> JSONResponse:
     return error_response(EngineRequestError(validation_message(e.errors())[0]))
 
 
-def create_app(engine: HFEngine) -> FastAPI:
-    """An app serving ``engine`` over SGLang's native API (see the module docstring)."""
+def create_app(engine: HFEngine, *, incremental_streaming_output: bool = False) -> FastAPI:
+    """An app serving ``engine`` over SGLang's native API (see the module docstring).
+
+    ``incremental_streaming_output``: a streamed ``/generate`` sends each chunk's new tokens only
+    (SGLang's flag of that name), not every token so far (:mod:`agentrl.engines.server_stream`).
+    """
     app = FastAPI(title="agentrl engine", version=__version__)
+    app.state.incremental_streaming_output = incremental_streaming_output
     tracker = Inflight(engine)
     app.state.engine, app.state.inflight, app.state.abort_all = engine, tracker, tracker.abort_all
     app.include_router(router)

@@ -8,15 +8,18 @@ is retried with backoff; idempotent reads (``/health``, ``/get_model_info``) are
 retried on read errors and 502/503. A generation that times out is aborted on the
 server (``/abort_request``) and raised as :class:`EngineTimeoutError`; it is never
 retried. Weight updates are never retried. Sync code calls the coroutines through
-:func:`agentrl.engines.protocol.run_sync`.
+:func:`agentrl.engines.protocol.run_sync`. ``generate_stream`` reads SGLang's streamed
+``/generate`` (cumulative or incremental chunks, :mod:`agentrl.engines.sglang_stream`); a stream
+closed early, past its deadline or cancelled is aborted on the server like a generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -26,8 +29,9 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
-from agentrl.engines.protocol import FinishReason, Generation, run_sync
+from agentrl.engines.protocol import FinishReason, Generation, TokenDelta, run_sync
 from agentrl.engines.remote import RemoteEngine
+from agentrl.engines.sglang_stream import ChunkReader
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket
 from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
 from agentrl.httpkit import ErrorAnswer, StatusMap
@@ -103,20 +107,44 @@ class SGLangEngine(RemoteEngine):
 
     # ------------------------------------------------------------------ Engine protocol
 
-    async def generate(
-        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
-    ) -> Generation:
-        params = parse_sampling(sampling)
+    def _request(
+        self, input_ids: list[int], sampling: SamplingLike, request_id: str | None
+    ) -> tuple[str, dict[str, Any]]:
+        """A generation's request id and ``/generate`` body (``generate`` and ``generate_stream``)."""
         rid = request_id or uuid.uuid4().hex
         body = {
             "input_ids": list(input_ids),
-            "sampling_params": to_sglang_sampling(params),
+            "sampling_params": to_sglang_sampling(parse_sampling(sampling)),
             "return_logprob": True,
             "rid": rid,
         }
+        return rid, body
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
+    ) -> Generation:
+        rid, body = self._request(input_ids, sampling, request_id)
         submitted = self._version
         out = await self._post_generation("/generate", body, rid)
         return self._generation(out, rid, len(input_ids), submitted)
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
+    ) -> AsyncGenerator[TokenDelta | Generation, None]:
+        """:meth:`generate`, streamed (``stream: true``): a :class:`TokenDelta` per chunk SGLang
+        sends as it samples (cumulative or incremental chunks alike:
+        :mod:`agentrl.engines.sglang_stream`), then the :class:`Generation`. Closing the iterator
+        early, a deadline or a cancelled caller aborts the request on the server."""
+        rid, body = self._request(input_ids, sampling, request_id)
+        body["stream"] = True
+        submitted = self._version
+        reader = ChunkReader(f"{self.base_url}/generate")
+        async with contextlib.aclosing(self._stream_generation("/generate", body, rid)) as chunks:
+            async for chunk in chunks:
+                delta = reader.read(chunk)
+                if delta is not None:
+                    yield delta
+        yield self._generation(reader.answer(), rid, len(input_ids), submitted)
 
     def _generation(self, out: dict[str, Any], rid: str, prompt_len: int, submitted: int) -> Generation:
         """The answer as a ``Generation``. ``output_token_weight_versions`` (``agentrl serve-engine``'s

@@ -20,9 +20,11 @@ from agentrl.engines import (
     Engine,
     EngineTimeoutError,
     EngineUnavailableError,
+    Generation,
     HFEngine,
     InvalidSamplingError,
     InvalidTokenError,
+    TokenDelta,
     WeightUpdateError,
     run_sync,
 )
@@ -123,6 +125,23 @@ async def test_sglang_native_fields(server: SGLangServer, client: SGLangEngine) 
         assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed")
 
 
+async def test_streamed_generation_is_the_generation_token_by_token(client: SGLangEngine) -> None:
+    """``generate_stream`` against ``agentrl serve-engine`` (SGLang's default, cumulative chunks):
+    several deltas whose ids and logprobs concatenate to the final Generation, which is the
+    non-streamed ``generate`` of the same seeded request."""
+    params = sp(temperature=1.0, max_new_tokens=24, seed=11)
+    items = [x async for x in client.generate_stream([1, 2, 3], params)]
+    plain = await client.generate([1, 2, 3], params)
+    *deltas, final = items
+    assert isinstance(final, Generation) and all(isinstance(d, TokenDelta) for d in deltas)
+    assert len(deltas) > 1  # tokens as they are sampled, not one chunk at the end
+    assert [t for d in deltas for t in d.output_ids] == final.output_ids == plain.output_ids  # type: ignore[union-attr]
+    assert [lp for d in deltas for lp in d.logprobs] == final.logprobs  # type: ignore[union-attr]
+    assert final.logprobs == pytest.approx(plain.logprobs, abs=LOGPROB_ATOL)
+    assert final.finish_reason == plain.finish_reason == "length"
+    assert final.weight_versions == plain.weight_versions == [client.weight_version] * 24
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
@@ -134,7 +153,8 @@ async def test_sglang_native_fields(server: SGLangServer, client: SGLangEngine) 
         ({"input_ids": [1], "sampling_params": {"min_p": 0.3}}, "min_p=0.3 is not supported"),
         ({"input_ids": [1], "sampling_params": "greedy"}, "must be a JSON object"),
         ({"text": "hello"}, "needs input_ids"),
-        ({"input_ids": [1], "stream": True}, "stream=true"),
+        ({"input_ids": [[1], [2]], "stream": True}, "stream=true takes one prompt"),
+        ({"input_ids": [1, VOCAB], "stream": True}, "outside the model's vocabulary"),
         ({"input_ids": [1], "bogus": 1}, "unknown field(s) ['bogus']"),
         ({"input_ids": [[1], [2]], "rid": ["a"]}, "rid has 1 entries for 2 prompt(s)"),
     ],
