@@ -5,7 +5,8 @@
     {"env": "countdown", "env_kwargs": {"num_numbers": 2}, "weight": 1, "name": "countdown"}
     {"dataset": {"source": "problems.jsonl", "rewards": ["math"]}, "weight": 2, "name": "math"}
 
-(``dataset`` takes the dataset env's arguments, :class:`~agentrl.envs.datasets.DatasetEnv`).
+(``dataset`` takes the dataset env's arguments, :class:`~agentrl.envs.datasets.DatasetEnv`;
+``group_size`` reaches them, so a group reward grades a group together there too).
 
 **Which source plays a seed.** Seeds run in blocks of ``block`` (100): in each block every
 source owns a number of slots proportional to its weight (largest remainders), shuffled by the
@@ -75,6 +76,7 @@ class MixtureEnv(Env):
         order_seed: int = 0,
         eval_seed_offset: int = 1_000_000,
         warm_seed_offset: int = 2_000_000,
+        group_size: int = 1,
     ) -> None:
         from agentrl.envs.registry import make
 
@@ -107,7 +109,8 @@ class MixtureEnv(Env):
                 default = str(src["env"]).rsplit(":", 1)[-1].removesuffix("-v0")
             else:
                 ds = {"order_seed": order_seed, "eval_seed_offset": eval_seed_offset,
-                      "warm_seed_offset": warm_seed_offset, **dict(src["dataset"])}  # fmt: skip
+                      "warm_seed_offset": warm_seed_offset, "group_size": group_size,
+                      **dict(src["dataset"])}  # fmt: skip
                 self._makers.append(functools.partial(make, "dataset-v0", **ds))
                 default = Path(str(ds.get("source", "dataset")).split("@")[0].rstrip("/")).stem
             self.names.append(str(src.get("name") or default))

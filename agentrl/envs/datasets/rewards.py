@@ -19,7 +19,8 @@ as in TRL). ``async def`` functions are awaited.
 - ``path/to/file.py:function``.
 
 Built-ins take options from ``--reward-options '{"numeric": {"rtol": 0.01}}'`` (keyed by name) and
-compare against the ``answer`` column unless their ``column`` option names another. The answer a
+compare against the ``answer`` column unless their ``column`` option names another; ``gold_pattern``
+cuts each gold value to a regex's last match (its first group), e.g. ``"#### (.*)"`` for GSM8K. The answer a
 built-in reads from a completion is :func:`extract_answer`: the last ``<answer>...</answer>``, else
 the last ``\\boxed{...}``, else the whole text.
 """
@@ -233,7 +234,18 @@ def _normalise(text: str) -> str:
     return " ".join(text.split())
 
 
-def _gold(kwargs: dict[str, Any], column: str, name: str, n: int) -> list[Any]:
+def _pattern(name: str, pattern: str) -> str:
+    """A built-in's ``gold_pattern``, checked when the reward is built."""
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise RewardFunctionError(f"reward {name!r}: gold_pattern {pattern!r} is not a regex: {e}") from e
+    return pattern
+
+
+def _gold(kwargs: dict[str, Any], column: str, name: str, n: int, pattern: str = "") -> list[Any]:
+    """The gold values of a batch: the ``column``, each cut to ``pattern``'s last match (its first
+    group, if it has one) when a pattern is given, as GSM8K's ``#### 72`` needs."""
     if column not in kwargs:
         cols = sorted(k for k in kwargs if k not in ("completions", "prompts"))
         raise RewardFunctionError(
@@ -241,14 +253,28 @@ def _gold(kwargs: dict[str, Any], column: str, name: str, n: int) -> list[Any]:
             f"(its columns: {', '.join(cols) or 'none'}); name one with --reward-options "
             f'\'{{"{name}": {{"column": "..."}}}}\''
         )
-    return list(kwargs[column])
+    values = list(kwargs[column])
+    if not pattern:
+        return values
+    out = []
+    for v in values:
+        found = list(re.finditer(pattern, str(v), re.S))
+        if not found:
+            raise RewardFunctionError(
+                f"reward {name!r}: gold_pattern {pattern!r} does not match the {column!r} value {str(v)[-120:]!r}; "
+                "fix the pattern, or the row"
+            )
+        last = found[-1]
+        out.append((last.group(1) if last.re.groups else last.group(0)).strip())
+    return out
 
 
-def exact(column: str = "answer") -> Callable[..., list[float]]:
+def exact(column: str = "answer", gold_pattern: str = "") -> Callable[..., list[float]]:
     """1 when the extracted answer equals the column's value as text (both stripped), else 0."""
+    _pattern("exact", gold_pattern)
 
     def exact(completions: list[Any], **kw: Any) -> list[float]:
-        gold = _gold(kw, column, "exact", len(completions))
+        gold = _gold(kw, column, "exact", len(completions), gold_pattern)
         return [
             float(extract_answer(completion_text(c)) == str(g).strip())
             for c, g in zip(completions, gold, strict=True)
@@ -257,11 +283,12 @@ def exact(column: str = "answer") -> Callable[..., list[float]]:
     return exact
 
 
-def match(column: str = "answer") -> Callable[..., list[float]]:
+def match(column: str = "answer", gold_pattern: str = "") -> Callable[..., list[float]]:
     """Normalised match: lowercase, punctuation, articles and extra spaces removed (SQuAD's rule)."""
+    _pattern("match", gold_pattern)
 
     def match(completions: list[Any], **kw: Any) -> list[float]:
-        gold = _gold(kw, column, "match", len(completions))
+        gold = _gold(kw, column, "match", len(completions), gold_pattern)
         return [
             float(_normalise(extract_answer(completion_text(c))) == _normalise(str(g)))
             for c, g in zip(completions, gold, strict=True)
@@ -280,8 +307,11 @@ def _number(text: str) -> float | None:
         return None
 
 
-def numeric(column: str = "answer", rtol: float = 1e-6, atol: float = 1e-9) -> Callable[..., list[float]]:
+def numeric(
+    column: str = "answer", rtol: float = 1e-6, atol: float = 1e-9, gold_pattern: str = ""
+) -> Callable[..., list[float]]:
     """1 when the last number of the extracted answer is within ``atol + rtol * |gold|`` of the column's."""
+    _pattern("numeric", gold_pattern)
     if rtol < 0 or atol < 0:
         raise RewardFunctionError(
             f"reward 'numeric': rtol and atol must be >= 0, got rtol={rtol}, atol={atol}"
@@ -289,7 +319,9 @@ def numeric(column: str = "answer", rtol: float = 1e-6, atol: float = 1e-9) -> C
 
     def numeric(completions: list[Any], **kw: Any) -> list[float]:
         out = []
-        for c, g in zip(completions, _gold(kw, column, "numeric", len(completions)), strict=True):
+        for c, g in zip(
+            completions, _gold(kw, column, "numeric", len(completions), gold_pattern), strict=True
+        ):
             want = _number(str(g))
             if want is None:
                 raise RewardFunctionError(
@@ -337,9 +369,10 @@ def format_(pattern: str = r"<answer>.+?</answer>", think: bool = False) -> Call
     return format
 
 
-def math_(column: str = "answer") -> Callable[..., list[float]]:
+def math_(column: str = "answer", gold_pattern: str = "") -> Callable[..., list[float]]:
     """1 when ``math-verify`` finds the extracted answer mathematically equal to the column's value
     (LaTeX or plain expressions: ``1/2`` equals ``\\frac{1}{2}`` and ``0.5``)."""
+    _pattern("math", gold_pattern)
     try:
         from math_verify import parse, verify
     except ImportError as e:
@@ -351,7 +384,7 @@ def math_(column: str = "answer") -> Callable[..., list[float]]:
 
     def math(completions: list[Any], **kw: Any) -> list[float]:
         out = []
-        for c, g in zip(completions, _gold(kw, column, "math", len(completions)), strict=True):
+        for c, g in zip(completions, _gold(kw, column, "math", len(completions), gold_pattern), strict=True):
             # signal-based timeouts only work in the main thread; rewards run in worker threads
             gold = parse(as_latex(str(g)), parsing_timeout=None)
             if not gold:

@@ -132,3 +132,21 @@ def test_trls_own_reward_functions_run_unchanged():
     chat = [[{"role": "assistant", "content": r"<think>2+2</think><answer>so \boxed{4}</answer>"}]]
     assert score("trl.rewards:accuracy_reward", chat, solution=["4"]) == [1.0]
     assert score("trl.rewards:think_format_reward", chat) == [1.0]
+
+
+def test_gold_pattern_cuts_a_rationale_to_its_answer():
+    gsm8k = ["Natalia sold 48/2 = 24 clips in May.\nAltogether 48+24 = 72 clips.\n#### 72"] * 2
+    assert score(
+        "math", ["<answer>72</answer>", "<answer>24</answer>"], {"gold_pattern": "#### (.*)"}, answer=gsm8k
+    ) == [1, 0]
+    assert score("numeric", ["It is 1,000."], {"gold_pattern": "####(.*)"}, answer=["so\n#### 1000"]) == [1.0]
+    assert score(
+        "exact", ["<answer>B</answer>"], {"gold_pattern": r"\(([A-D])\)"}, answer=["the answer is (B)"]
+    ) == [1.0]
+    with pytest.raises(
+        RewardFunctionError,
+        match=r"gold_pattern '#### \(.\*\)' does not match the 'answer' value 'no marker'",
+    ):
+        score("math", ["<answer>1</answer>"], {"gold_pattern": "#### (.*)"}, answer=["no marker"])
+    with pytest.raises(RewardFunctionError, match="gold_pattern '#### \\(' is not a regex"):
+        build_reward("math", {"gold_pattern": "#### ("})
