@@ -55,14 +55,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import os
 import re
 import shlex
 import shutil
 import signal
-import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -73,7 +71,7 @@ import httpx
 
 from agentrl.errors import ConfigError
 from agentrl.session.embedded import EmbeddedGateway, TurnRecord
-from agentrl.trainer.agent_gateway import AgentGateway, LocalGateway
+from agentrl.trainer.agent_gateway import TLS, AgentGateway, LocalGateway
 from agentrl.trainer.errors import AgentError
 from agentrl.types import Message, SamplingParams, Trajectory
 
@@ -87,13 +85,6 @@ _KILL_GRACE_S = 5.0
 
 _TRANSPORT = re.compile(r"connect|timeout|timed ?out|protocolerror|broken ?pipe", re.IGNORECASE)
 """An exception name on the agent's last stderr line that says it could not reach the gateway."""
-
-
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """One TLS context for the gateway's clients: httpx loads the CA bundle anew for each client
-    otherwise (about 20 ms of CPU, per episode)."""
-    return ssl.create_default_context()
 
 
 def agent_argv(command: str) -> list[str]:
@@ -378,7 +369,7 @@ class AgentRunner:
 
     async def _gateway_answers(self) -> bool:
         with contextlib.suppress(httpx.HTTPError):
-            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), verify=_tls()) as http:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0), verify=TLS) as http:
                 return (await http.get(f"{self.gateway.url}/health")).status_code == 200
         return False
 

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+from agentrl.envs.datasets.rewards import completion_text
 from agentrl.envs.errors import EnvContractError, EnvDefinitionError, EnvInfraError
 from agentrl.errors import ConfigError
 from agentrl.sandbox import (
@@ -161,31 +162,6 @@ def extract_program(completion: str, language: str = "python") -> str:
     if blocks:
         return "\n".join(blocks[-1][1]) + "\n"
     return completion
-
-
-def completion_text(completion: Any, index: int) -> str:
-    """The text of a completion: a string as is, a message list's last assistant message."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Sequence):
-        for message in reversed(completion):
-            role = message.get("role") if isinstance(message, Mapping) else getattr(message, "role", None)
-            if role != "assistant":
-                continue
-            content = (
-                message.get("content") if isinstance(message, Mapping) else getattr(message, "content", None)
-            )
-            if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}]
-                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-            return content if isinstance(content, str) else ""
-        raise EnvContractError(
-            f"completions[{index}] is a list of {len(completion)} messages with no assistant message; "
-            "the code reward reads the program from the last message with role 'assistant'"
-        )
-    raise EnvContractError(
-        f"completions[{index}] is a {type(completion).__name__}; the code reward takes a string or a list "
-        "of chat messages ([{'role': 'assistant', 'content': ...}])"
-    )
 
 
 @lru_cache(maxsize=4096)

@@ -33,11 +33,11 @@ import logging
 import math
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.errors import RewardFunctionError
+from agentrl.envs.errors import EnvContractError, RewardFunctionError
 
 __all__ = ["BUILTINS", "RewardFn", "build_reward", "extract_answer", "parse_reward"]
 
@@ -198,13 +198,30 @@ def check_scores(reward: RewardFn, out: Any, n: int, where: str) -> list[float]:
 # ---------------------------------------------------------------------------- built-ins
 
 
-def completion_text(c: Any) -> str:
-    """A completion as text: a string, or the content of a chat completion's last message."""
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list) and c and isinstance(c[-1], dict):
-        return str(c[-1].get("content") or "")
-    return "" if c is None else str(c)
+def completion_text(completion: Any, index: int = 0) -> str:
+    """The text of a completion: a string as is, a message list's last assistant message (content
+    parts joined); EnvContractError for anything else."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence):
+        for message in reversed(completion):
+            role = message.get("role") if isinstance(message, Mapping) else getattr(message, "role", None)
+            if role != "assistant":
+                continue
+            content = (
+                message.get("content") if isinstance(message, Mapping) else getattr(message, "content", None)
+            )
+            if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}]
+                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+            return content if isinstance(content, str) else ""
+        raise EnvContractError(
+            f"completions[{index}] is a list of {len(completion)} messages with no assistant message; "
+            "a reward reads the completion from the last message with role 'assistant'"
+        )
+    raise EnvContractError(
+        f"completions[{index}] is a {type(completion).__name__}; a reward takes a string or a list "
+        "of chat messages ([{'role': 'assistant', 'content': ...}])"
+    )
 
 
 def extract_answer(text: str) -> str:
