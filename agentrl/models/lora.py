@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_TARGETS",
     "LoraError",
     "LoraSpec",
+    "adapter_base",
     "adapter_nbytes",
     "adapter_shapes",
     "adapter_state_dict",
@@ -50,6 +51,7 @@ __all__ = [
     "from_peft_names",
     "is_adapter_dir",
     "is_lora",
+    "load_merged",
     "lora_base",
     "lora_spec",
     "lora_targets",
@@ -338,6 +340,41 @@ def adapter_shapes(model: nn.Module, spec: LoraSpec | None = None) -> dict[str, 
         out[f"{name}.lora_A.{_ADAPTER}.weight"] = (spec.rank, m.in_features)
         out[f"{name}.lora_B.{_ADAPTER}.weight"] = (m.out_features, spec.rank)
     return out
+
+
+def adapter_base(path: str | os.PathLike[str]) -> str:
+    """The base model an adapter directory names (``base_model_name_or_path``); :class:`LoraError` if none."""
+    try:
+        base = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise LoraError(f"adapter directory {str(path)!r}: cannot read {ADAPTER_CONFIG} ({e})") from None
+    if not base:
+        raise LoraError(
+            f"adapter directory {str(path)!r} names no base model (base_model_name_or_path in {ADAPTER_CONFIG}); "
+            "set it to the model the adapter was trained on"
+        )
+    return str(base)
+
+
+def load_merged(
+    path: str | os.PathLike[str],
+    *,
+    base: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: str = "cpu",
+) -> Any:
+    """An adapter directory's base model (``base``, else the one it names) with the adapter merged in,
+    through PEFT itself (``PeftModel.from_pretrained(...).merge_and_unload()``): a plain HF model."""
+    from peft import PeftModel
+
+    from agentrl.models import load_model
+
+    spec, tensors, recorded = read_adapter(path)
+    base = base or adapter_base(path)
+    model = load_model(base, dtype=dtype, device=device)
+    check_adapter_fits(model, tensors, str(path), recorded, spec)
+    merged = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    return merged.to(device).eval()
 
 
 def check_adapter_fits(
