@@ -50,13 +50,10 @@ def adapter_weights(model: nn.Module, all_ranks: bool = False) -> dict[str, torc
 
 
 def base_nbytes(model: nn.Module) -> int:
-    """What a full weight sync of ``model``'s base would push (every tensor but the adapter's)."""
+    """What a full weight sync of ``model``'s base would push: every parameter but the adapter's (tied
+    ones once; whole sizes, also when FSDP2 shards them)."""
     lora = set(adapter_state_dict(model))
-    seen: dict[tuple[int, int], int] = {}  # tied tensors (embeddings and output head) count once
-    for n, t in model.state_dict().items():
-        if n not in lora:
-            seen[(t.untyped_storage().data_ptr(), int(t.storage_offset()))] = t.numel() * t.element_size()
-    return sum(seen.values())
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n not in lora)
 
 
 class AdapterReference:

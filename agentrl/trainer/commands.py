@@ -82,7 +82,12 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
             sync.close()
         log.log("eval", 0, after)
         out = run_dir / "model"
-        rt.policy.save_pretrained(str(out))
+        if cfg.lora.enabled:  # the adapter, in PEFT's format (--model takes it: its base, merged)
+            from agentrl.models.lora import adapter_state_dict, lora_base, save_adapter
+
+            save_adapter(out, adapter_state_dict(rt.policy), cfg.lora.spec(), base=lora_base(rt.policy))
+        else:
+            rt.policy.save_pretrained(str(out))
         rt.tokenizer.save_pretrained(str(out))
         console.print(
             f"SFT on {int(stats['examples'])} oracle episodes of {cfg.rollout.env!r}: "
