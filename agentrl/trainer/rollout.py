@@ -164,7 +164,9 @@ class RolloutManager:
     limit; see :func:`turn_limit` for a set value. With ``agent`` (an
     :class:`~agentrl.trainer.agent.AgentRunner`), an agent program plays each episode
     through the session gateway instead of this loop (:mod:`agentrl.trainer.agent`); it
-    owns its turns, and the env scores the outcome.
+    owns its turns, and the env scores the outcome. ``seed`` (``run.seed``) enters every
+    episode's sampling seed (seed 0 leaves them as they were), so runs with another ``--seed``
+    sample their own episodes, not only their own warm start.
     """
 
     def __init__(
@@ -177,11 +179,15 @@ class RolloutManager:
         max_infra_retries: int = 2,
         episode_timeout_s: float = 120.0,
         agent: AgentRunner | None = None,
+        seed: int = 0,
     ) -> None:
-        self.env_factory, self.sessions = env_factory, sessions
+        self.env_factory, self.sessions, self.seed = env_factory, sessions, seed
         self.max_new_tokens, self.max_turns = max_new_tokens, max_turns
         self.max_infra_retries, self.episode_timeout_s = max_infra_retries, episode_timeout_s
         self.agent = agent
+
+    def _sampling_seed(self, *coords: int) -> int:
+        return episode_seed(*coords) if self.seed == 0 else episode_seed(f"run{self.seed}", *coords)
 
     # ------------------------------------------------------------ one episode
 
@@ -239,7 +245,7 @@ class RolloutManager:
                 {
                     "temperature": temperature,
                     "max_new_tokens": self.max_new_tokens,
-                    "seed": episode_seed(salt, seed, index, p.turns, attempt),
+                    "seed": self._sampling_seed(salt, seed, index, p.turns, attempt),
                 }
             )
             p.phase = "model"
@@ -273,7 +279,7 @@ class RolloutManager:
         try:
             task, _ = await _areset(env, seed)
             sampling = turn_sampler(
-                temperature, self.max_new_tokens, lambda turn: episode_seed(salt, seed, index, turn, attempt)
+                temperature, self.max_new_tokens, lambda turn: self._sampling_seed(salt, seed, index, turn, attempt)
             )
             where = f"{'eval' if salt < 0 else f'step-{salt}'}/{group_id}-{index}-a{attempt}"
             play = await self.agent.play(env, list(task), sampling, where)

@@ -297,6 +297,7 @@ def build_runtime(
         max_infra_retries=r.max_infra_retries,
         episode_timeout_s=r.episode_timeout_s,
         agent=agent,
+        seed=cfg.run.seed,
     )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Runtime(

@@ -70,6 +70,21 @@ def test_groups_of_trajectories_with_exact_tokens(sessions):
     ]
 
 
+def test_the_run_seed_changes_the_sampled_episodes_and_seed_0_keeps_them(sessions):
+    """``--seed`` must give a run its own episodes (a run from a fixed checkpoint with --sft-steps 0 too),
+    while --seed 0 samples what it always did."""
+    from agentrl.trainer.rollout import episode_seed
+
+    def tokens(seed: int) -> list[list[int]]:
+        rm = RolloutManager(lambda: make("countdown"), sessions, max_new_tokens=8, seed=seed)
+        return [e.trajectories[0].token_ids for e in rm.run([0, 1], group_size=3, temperature=1.0).episodes]
+
+    assert tokens(0) == tokens(0) and tokens(1) == tokens(1)
+    assert tokens(1) != tokens(0) and tokens(2) != tokens(1)
+    rm0 = RolloutManager(lambda: make("countdown"), sessions, seed=0)
+    assert rm0._sampling_seed(3, 4, 5, 0, 0) == episode_seed(3, 4, 5, 0, 0)  # unchanged for seed 0
+
+
 def test_infra_error_is_retried_on_a_fresh_env(sessions):
     FlakyEnv.calls = 0
     rm = RolloutManager(lambda: FlakyEnv(fail_times=1), sessions, max_new_tokens=4, max_infra_retries=2)
