@@ -246,7 +246,7 @@ class RunConfig:
     steps: int = 30
     """RL train steps"""
     seed: int = 0
-    """seed of torch, sampling and task order"""
+    """seed of torch, of every episode's sampling (0: the seeds earlier versions drew) and of a dataset's row order; env tasks are seeds step x tasks_per_step + i whatever it is"""
     sft_steps: int = 60
     """supervised warm-start steps on oracle solutions before RL (0 = none)"""
     sft_batch_size: int = 16
