@@ -117,6 +117,9 @@ class EngineCapabilities:
     """``update_weights_from_path``: a path on a file system the engine can read."""
     distributed: bool
     """``init_weights_update_group`` + ``update_weights_from_distributed`` + ``destroy_weights_update_group``."""
+    adapter: bool = False
+    """``update_adapter_from_path``: a LoRA adapter directory in PEFT's format (:mod:`agentrl.models.lora`),
+    loaded in place of the previous one, atomic and versioned like a weight update."""
 
     def supports(self, path: WeightPath) -> bool:
         return bool(getattr(self, path))
