@@ -179,6 +179,10 @@ class RayEngines(SupervisedActors):
             path, version = self.engine.last_path
             run_sync(client.update_weights_from_path(path, version=version), timeout_s=self.timeout_s,
                      what=f"loading the current weights into the new engine replica {self.placement.indices[i]}")  # fmt: skip
+        if self.engine.last_adapter is not None:  # a LoRA run: the adapter the others serve
+            path, version = self.engine.last_adapter
+            run_sync(client.update_adapter_from_path(path, version=version), timeout_s=self.timeout_s,  # type: ignore[attr-defined]
+                     what=f"loading the current adapter into the new engine replica {self.placement.indices[i]}")  # fmt: skip
         self.engine.replace(i, client)
 
     # ------------------------------------------------------------ teardown

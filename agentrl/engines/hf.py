@@ -46,6 +46,7 @@ from agentrl.engines.scheduler import Request, Scheduler
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket, WeightGroupEngine
 from agentrl.engines.weights import StagedWeights, load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
+from agentrl.models.lora import LoraSpec, apply_lora, check_adapter_fits, lora_spec, read_adapter
 from agentrl.types import SamplingParams
 
 __all__ = ["HFEngine", "load_causal_lm", "parse_sampling"]
@@ -101,6 +102,8 @@ class HFEngine(WeightGroupEngine):
     ``num_threads``, when given, calls ``torch.set_num_threads`` from the engine thread. That
     setting is process-wide, so it is off by default; on a small busy CPU, 1 thread made
     decoding 6-10x faster here (OpenMP teams stall on descheduled members).
+    ``lora`` injects a LoRA adapter now (its tensors then update like any others); without it, the
+    first :meth:`update_adapter_from_path` injects the adapter it is given.
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class HFEngine(WeightGroupEngine):
         prefix_cache_bytes: int = 256 << 20,
         min_prefix_reuse: int = 16,
         num_threads: int | None = None,
+        lora: LoraSpec | None = None,
     ) -> None:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ConfigError(
@@ -131,6 +135,8 @@ class HFEngine(WeightGroupEngine):
         )
         self.model_name, model = _place_model(model, self.device, dtype, name)
         self.model = model.eval()
+        if lora is not None:  # the trainer's adapter arrives as a partial state dict, or a PEFT directory
+            apply_lora(model, lora)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_context = int(max_context or getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self.max_batch_size = max_batch_size
@@ -253,7 +259,7 @@ class HFEngine(WeightGroupEngine):
     @property
     def capabilities(self) -> EngineCapabilities:
         """Every path: tensors in this process, a safetensors path, a ``torch.distributed`` group."""
-        return EngineCapabilities(state_dict=True, checkpoint=True, distributed=True)
+        return EngineCapabilities(state_dict=True, checkpoint=True, distributed=True, adapter=True)
 
     async def update_weights_from_state_dict(
         self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None, drain: bool = False
@@ -275,6 +281,21 @@ class HFEngine(WeightGroupEngine):
         # reading a checkpoint must not block the caller's event loop
         tensors = await asyncio.to_thread(load_safetensors_dir, Path(path))
         return await asyncio.wrap_future(self._queue_weights(tensors, version, drain))
+
+    async def update_adapter_from_path(
+        self, path: str | os.PathLike[str], *, version: int | None = None, drain: bool = False
+    ) -> int:
+        """Load a PEFT LoRA adapter directory in place of the current adapter (the base is untouched);
+        the first one injects its LoRA layers. Checked against the model first (:class:`LoraError`)."""
+        spec, tensors, base = await asyncio.to_thread(read_adapter, Path(path))
+        check_adapter_fits(self.model, tensors, str(path), base, spec)
+
+        def apply() -> int:  # the engine thread, between two decode steps
+            if lora_spec(self.model) is None:
+                apply_lora(self.model, spec)
+            return self._copy_weights(validate_state_dict(self.model, tensors), tensors, version)
+
+        return await asyncio.wrap_future(self._sched.queue_update(apply, drain))
 
     async def update_weights(
         self,

@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length", "abort"]
-WeightPath = Literal["state_dict", "checkpoint", "distributed"]
+WeightPath = Literal["state_dict", "checkpoint", "distributed", "adapter"]
 T = TypeVar("T")
 
 

@@ -85,6 +85,7 @@ class ReplicaEngine(WeightGroupEngine):
         self.last_path: tuple[str, int] | None = (
             None  # the last checkpoint the replicas took, and its version
         )
+        self.last_adapter: tuple[str, int] | None = None  # the last LoRA adapter directory, and its version
         self._lock = threading.Lock()  # placement vs replace (a supervisor thread may replace a replica)
 
     # ------------------------------------------------------------ routing
@@ -159,6 +160,7 @@ class ReplicaEngine(WeightGroupEngine):
             state_dict=all(c.state_dict for c in caps),
             checkpoint=all(c.checkpoint for c in caps),
             distributed=all(c.distributed for c in caps),
+            adapter=all(c.adapter for c in caps),
         )
 
     async def generate(
@@ -230,6 +232,17 @@ class ReplicaEngine(WeightGroupEngine):
             f"weight update from {path}", lambda e: e.update_weights_from_path(path, version=version)
         )
         self.last_path = (os.fspath(path), got)
+        return got
+
+    async def update_adapter_from_path(
+        self, path: str | os.PathLike[str], *, version: int | None = None
+    ) -> int:
+        """Every live replica loads the LoRA adapter directory in place of its last one."""
+        got = await self._update_all(
+            f"adapter update from {path}",
+            lambda e: e.update_adapter_from_path(path, version=version),
+        )
+        self.last_adapter = (os.fspath(path), got)
         return got
 
     async def _join_weight_group(self, join: GroupJoin) -> None:

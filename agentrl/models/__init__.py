@@ -77,19 +77,33 @@ def resolve(name_or_path: str | os.PathLike[str]) -> str:
 
 
 def load_tokenizer(name_or_path: str | os.PathLike[str], **kwargs: Any) -> Any:
-    """``AutoTokenizer.from_pretrained(resolve(name_or_path))``; extra kwargs go to ``from_pretrained``."""
+    """``AutoTokenizer.from_pretrained(resolve(name_or_path))``; extra kwargs go to ``from_pretrained``.
+
+    A LoRA adapter directory without tokenizer files gives its base model's tokenizer."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve(name_or_path), **kwargs)
+    from agentrl.models.lora import adapter_base, is_adapter_dir
+
+    path = resolve(name_or_path)
+    if is_adapter_dir(path) and not (Path(path) / "tokenizer_config.json").is_file():
+        path = resolve(adapter_base(path))
+    return AutoTokenizer.from_pretrained(path, **kwargs)
 
 
 def load_model(
     name_or_path: str | os.PathLike[str], dtype: torch.dtype | None = None, device: str = "cpu", **kwargs: Any
 ) -> Any:
-    """``AutoModelForCausalLM.from_pretrained(resolve(name_or_path))`` in ``dtype`` (fp32 default) on ``device``, in eval mode."""
+    """``AutoModelForCausalLM.from_pretrained(resolve(name_or_path))`` in ``dtype`` (fp32 default) on ``device``, in eval mode.
+
+    A LoRA adapter directory (PEFT's format, as ``--lora-rank`` checkpoints are) loads as its base
+    model with the adapter merged in (:func:`agentrl.models.lora.load_merged`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from agentrl.models.lora import is_adapter_dir, load_merged
+
+    if is_adapter_dir(resolve(name_or_path)):
+        return load_merged(resolve(name_or_path), dtype=dtype, device=device)
     model: Any = AutoModelForCausalLM.from_pretrained(
         resolve(name_or_path), dtype=dtype or torch.float32, **kwargs
     )

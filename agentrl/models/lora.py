@@ -41,7 +41,9 @@ __all__ = [
     "DEFAULT_TARGETS",
     "LoraError",
     "LoraSpec",
+    "adapter_base",
     "adapter_nbytes",
+    "adapter_shapes",
     "adapter_state_dict",
     "adapters_disabled",
     "apply_lora",
@@ -49,6 +51,8 @@ __all__ = [
     "from_peft_names",
     "is_adapter_dir",
     "is_lora",
+    "load_merged",
+    "lora_base",
     "lora_spec",
     "lora_targets",
     "read_adapter",
@@ -130,7 +134,7 @@ class LoraSpec:
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
         return LoraConfig(
             r=self.rank,
-            lora_alpha=self.lora_alpha,
+            lora_alpha=self.lora_alpha,  # type: ignore[arg-type]  # a float scales as PEFT documents
             lora_dropout=self.dropout,
             target_modules=targets,
             bias="none",
@@ -229,6 +233,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, base: str | None = None) -> 
     for name, p in model.named_parameters():
         p.requires_grad_(bool(_LORA_PARAM.search(name)))
     model._agentrl_lora = spec  # type: ignore[assignment]
+    model._agentrl_lora_base = base  # type: ignore[assignment]
     return model
 
 
@@ -240,6 +245,11 @@ def is_lora(model: nn.Module) -> bool:
 def lora_spec(model: nn.Module) -> LoraSpec | None:
     """The spec :func:`apply_lora` injected into ``model``, else None."""
     return getattr(model, "_agentrl_lora", None)
+
+
+def lora_base(model: nn.Module) -> str | None:
+    """The base model :func:`apply_lora` recorded for ``model`` (what its saved adapters name)."""
+    return getattr(model, "_agentrl_lora_base", None)
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -319,28 +329,88 @@ def read_adapter(path: str | os.PathLike[str]) -> tuple[LoraSpec, dict[str, torc
     return spec, from_peft_names(load_file(str(weights))), cfg.get("base_model_name_or_path")
 
 
-def check_adapter_fits(
-    model: nn.Module, sd: Mapping[str, torch.Tensor], where: str, base: str | None
-) -> None:
-    """Refuse an adapter whose tensors do not fit ``model`` (another base model, another spec)."""
+def adapter_shapes(model: nn.Module, spec: LoraSpec | None = None) -> dict[str, tuple[int, ...]]:
+    """The adapter tensors ``model`` holds (its LoRA parameters), or, given ``spec`` and a model without
+    an adapter yet, those :func:`apply_lora` would give it: ``{name: shape}`` in the model's names."""
     own = {n: tuple(p.shape) for n, p in model.named_parameters() if _LORA_PARAM.search(n)}
+    if own or spec is None:
+        return own
+    out: dict[str, tuple[int, ...]] = {}
+    for name, m in lora_targets(model, spec).items():
+        out[f"{name}.lora_A.{_ADAPTER}.weight"] = (spec.rank, m.in_features)
+        out[f"{name}.lora_B.{_ADAPTER}.weight"] = (m.out_features, spec.rank)
+    return out
+
+
+def adapter_base(path: str | os.PathLike[str]) -> str:
+    """The base model an adapter directory names (``base_model_name_or_path``); :class:`LoraError` if none."""
+    try:
+        base = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise LoraError(f"adapter directory {str(path)!r}: cannot read {ADAPTER_CONFIG} ({e})") from None
+    if not base:
+        raise LoraError(
+            f"adapter directory {str(path)!r} names no base model (base_model_name_or_path in {ADAPTER_CONFIG}); "
+            "set it to the model the adapter was trained on"
+        )
+    return str(base)
+
+
+def load_merged(
+    path: str | os.PathLike[str],
+    *,
+    base: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: str = "cpu",
+) -> Any:
+    """An adapter directory's base model (``base``, else the one it names) with the adapter merged in,
+    through PEFT itself (``PeftModel.from_pretrained(...).merge_and_unload()``): a plain HF model."""
+    from peft import PeftModel
+
+    from agentrl.models import load_model
+
+    spec, tensors, recorded = read_adapter(path)
+    base = base or adapter_base(path)
+    model = load_model(base, dtype=dtype, device=device)
+    check_adapter_fits(model, tensors, str(path), recorded, spec)
+    merged = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    return merged.to(device).eval()
+
+
+def check_adapter_fits(
+    model: nn.Module,
+    sd: Mapping[str, torch.Tensor],
+    where: str,
+    base: str | None,
+    spec: LoraSpec | None = None,
+) -> None:
+    """Refuse an adapter whose tensors do not fit ``model`` (another base model, another rank or targets);
+    a model without an adapter yet is checked against the one ``spec`` would inject."""
+    own = adapter_shapes(model, spec)
+    current = lora_spec(model)
+    if (
+        current is not None
+        and spec is not None
+        and (current.rank, current.lora_alpha) != (spec.rank, spec.lora_alpha)
+    ):
+        raise LoraError(
+            f"adapter {where!r} has rank {spec.rank}, alpha {spec.lora_alpha:g}, but this model carries an "
+            f"adapter of rank {current.rank}, alpha {current.lora_alpha:g}; every update must keep rank and alpha"
+        )
     got = {n: tuple(t.shape) for n, t in sd.items()}
     if own == got:
         return
     unknown = sorted(set(got) - set(own))[:3]
     missing = sorted(set(own) - set(got))[:3]
     shapes = [f"{n}: {got[n]} vs {own[n]}" for n in sorted(set(got) & set(own)) if got[n] != own[n]][:3]
+    problems = [
+        f"tensors the model lacks {unknown}" if unknown else "",
+        f"tensors the adapter lacks {missing}" if missing else "",
+        f"shape mismatches {shapes}" if shapes else "",
+    ]
     raise LoraError(
         f"adapter {where!r} (trained on base {base!r}) does not fit this model: "
-        + "; ".join(
-            s
-            for s in (
-                f"tensors the model lacks {unknown}" if unknown else "",
-                f"tensors the adapter lacks {missing}" if missing else "",
-                f"shape mismatches {shapes}" if shapes else "",
-            )
-            if s
-        )
+        + "; ".join(p for p in problems if p)
         + "; load it on the base model it was trained on (its adapter_config.json names it)"
     )
 

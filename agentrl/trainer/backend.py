@@ -17,11 +17,10 @@ and multiplied by the world size to undo FSDP's gradient averaging, so N ranks
 with micro-batches compute the same gradient as one rank with the whole batch.
 Ranks with fewer micro-batches run empty ones so collectives stay matched.
 
-This module holds the protocols and the FSDP2 wrapper (sharding, micro-batching, optimizer).
-How a micro-batch is scored is :mod:`agentrl.trainer.forward`; the loss on those scores is
-handed in at construction (an :class:`Objective`: :class:`agentrl.trainer.algorithm.RLObjective`
-in a run); checkpoints are :mod:`agentrl.trainer.checkpoint`; the process group is
-:mod:`agentrl.trainer.distributed`'s.
+Here: the protocols and the FSDP2 wrapper. Scoring is :mod:`agentrl.trainer.forward`; the loss is
+handed in (an :class:`Objective`, :class:`agentrl.trainer.algorithm.RLObjective` in a run);
+checkpoints are :mod:`agentrl.trainer.checkpoint`; a LoRA policy's adapter and KL reference
+:mod:`agentrl.trainer.adapter`.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agentrl.trainer import checkpoint
+from agentrl.trainer.adapter import AdapterReference, adapter_weights, is_lora
 from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
 from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError
@@ -159,6 +159,8 @@ class FSDP2Backend:
         )
         if self.sharded:
             self._shard(cpu_offload)
+        self.lora = is_lora(model)  # --lora-rank: the adapter trains, syncs and is saved alone
+        self.ref_adapter: AdapterReference | None = None
         self.ref_model: nn.Module | None = None
         if ref_model is not None:
             self.set_reference(ref_model)
@@ -235,6 +237,9 @@ class FSDP2Backend:
 
     @torch.no_grad()
     def ref_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.ref_adapter is not None:  # LoRA: the same base under the adapter RL started from
+            with self.ref_adapter.active(self.model):
+                return self._score(self.model, batch)
         if self.ref_model is None:
             raise BackendError("ref_logprobs needs a reference model (set kl_coef > 0)")
         return self._score(self.ref_model, batch)
@@ -287,10 +292,9 @@ class FSDP2Backend:
         return float(t.item())
 
     def _all_max(self, x: int) -> int:
-        if self.world == 1:
-            return x
         t = torch.tensor([x], dtype=torch.long, device=self.device if self.device.type == "cuda" else "cpu")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if self.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -451,12 +455,13 @@ class FSDP2Backend:
     # ------------------------------------------------------------ weights and checkpoints
 
     def state_dict(self, all_ranks: bool = False) -> dict[str, torch.Tensor]:
-        """Full (unsharded) policy weights with HF names; the engine loads these.
+        """Full (unsharded) policy weights with HF names, what the engine loads (with LoRA: the adapter).
 
-        When sharded this is a collective: every rank must call it. By default only rank 0
-        receives the weights (on CPU) and the others get ``{}``; ``all_ranks=True`` gives every
-        rank the full weights on its own device (each rank feeding its own in-process engine).
+        When sharded, a collective: every rank calls it; only rank 0 gets the weights (on CPU), the
+        others ``{}``, unless ``all_ranks`` (every rank's own device: each feeds its own engine).
         """
+        if self.lora:  # only the adapter: what the engine needs and the checkpoint keeps
+            return adapter_weights(self.model, all_ranks)
         if not self.sharded:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -464,6 +469,10 @@ class FSDP2Backend:
         opts = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
         full = get_model_state_dict(self.model, options=opts)
         return {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
+
+    def set_reference_adapter(self, tensors: dict[str, torch.Tensor] | None) -> None:
+        """LoRA's KL reference: the base under ``tensors`` (the adapter RL started from; None: the base)."""
+        self.ref_adapter = AdapterReference(self.model, tensors)
 
     def set_reference(self, model: nn.Module) -> None:
         """The frozen reference policy of the KL penalty (kept whole on every rank)."""

@@ -37,7 +37,15 @@ from agentrl.trainer.errors import CheckpointError
 if TYPE_CHECKING:
     from agentrl.trainer.backend import FSDP2Backend
 
-__all__ = ["REFERENCE", "load", "load_reference", "reference_of", "save", "store_reference"]
+__all__ = [
+    "REFERENCE",
+    "adapter_reference",
+    "load",
+    "load_reference",
+    "reference_of",
+    "save",
+    "store_reference",
+]
 
 REFERENCE = "reference"
 """the run directory's HF directory of the KL reference (the policy RL started from)"""
@@ -53,9 +61,12 @@ def save(be: FSDP2Backend, path: str | Path, extra: dict[str, Any] | None = None
     path.mkdir(parents=True, exist_ok=True)
     tmp = path / "trainer_state.pt.tmp"
     save_pretrained = getattr(be.model, "save_pretrained", None)
-    if save_pretrained is None:
+    if be.lora:  # the adapter alone, in PEFT's format: PeftModel.from_pretrained(base, path) loads it
+        _save_adapter(be.model, path, full)
+    elif save_pretrained is None:
         raise CheckpointError(f"{type(be.model).__name__} has no save_pretrained; need an HF model")
-    save_pretrained(str(path), state_dict=full, safe_serialization=True)
+    else:
+        save_pretrained(str(path), state_dict=full, safe_serialization=True)
     state = {
         "optimizer": optim_state,
         "scheduler": be.scheduler.state_dict(),
@@ -85,11 +96,13 @@ def load(be: FSDP2Backend, path: str | Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     path = Path(path)
-    st_file, state_file = path / "model.safetensors", path / "trainer_state.pt"
+    st_file = path / ("adapter_model.safetensors" if be.lora else "model.safetensors")
+    state_file = path / "trainer_state.pt"
     for f in (st_file, state_file):
         if not f.exists():
-            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f.name} is missing")
-    weights = load_file(str(st_file))
+            why = " (a --lora-rank run resumes from a LoRA checkpoint)" if be.lora else ""
+            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f.name} is missing{why}")
+    weights = _adapter_weights(be.model, path) if be.lora else load_file(str(st_file))
     state = torch.load(state_file, map_location="cpu", weights_only=False)
     if be.sharded:
         from torch.distributed.checkpoint.state_dict import (
@@ -98,9 +111,13 @@ def load(be: FSDP2Backend, path: str | Path) -> dict[str, Any]:
             set_optimizer_state_dict,
         )
 
-        opts = StateDictOptions(full_state_dict=True)
+        # with LoRA the adapter alone (strict=False: the frozen base is the model's own)
+        opts = StateDictOptions(full_state_dict=True, strict=not be.lora)
         set_model_state_dict(be.model, dict(weights.items()), options=opts)
         set_optimizer_state_dict(be.model, be.optimizer, state["optimizer"], options=opts)
+    elif be.lora:  # names and shapes checked by _adapter_weights
+        be.model.load_state_dict(weights, strict=False)
+        be.optimizer.load_state_dict(state["optimizer"])
     else:
         own = be.model.state_dict()
         missing = [k for k in own if k not in weights]
@@ -118,6 +135,41 @@ def load(be: FSDP2Backend, path: str | Path) -> dict[str, Any]:
     if be.value_head is not None and state.get("value_head") is not None:
         be.value_head.load_state_dict(state["value_head"])
     return dict(state.get("extra") or {})
+
+
+def _save_adapter(model: torch.nn.Module, path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    from agentrl.models.lora import lora_base, lora_spec, save_adapter
+
+    spec = lora_spec(model)
+    assert spec is not None
+    save_adapter(path, tensors, spec, base=lora_base(model))
+
+
+def _adapter_weights(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
+    """A saved adapter's tensors, refused unless they fit ``model``'s adapter (:class:`CheckpointError`)."""
+    from agentrl.models.lora import LoraError, check_adapter_fits, read_adapter
+
+    try:
+        spec, tensors, base = read_adapter(path)
+        check_adapter_fits(model, tensors, str(path), base, spec)
+    except LoraError as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: {e}") from None
+    return tensors
+
+
+def adapter_reference(be: FSDP2Backend, run_dir: Path, src: Path | None, *, main: bool) -> Path:
+    """LoRA's KL reference (``RUN_DIR/reference``, a PEFT adapter directory): the adapter RL started
+    from (``src``'s on a resume), set on ``be``; a collective when sharded (every rank calls it)."""
+    tensors = _adapter_weights(be.model, src) if src is not None else be.state_dict(all_ranks=True)
+    be.set_reference_adapter(tensors)
+    dest = Path(run_dir) / REFERENCE
+    if main and not (src is not None and dest.exists() and dest.resolve() == Path(src).resolve()):
+        tmp = dest.with_name(REFERENCE + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _save_adapter(be.model, tmp, {k: v.cpu() for k, v in tensors.items()})
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    return dest
 
 
 def store_reference(ref: Any, run_dir: Path, src: Path | None = None) -> Path:
@@ -158,7 +210,7 @@ def reference_of(path: str | Path, extra: dict[str, Any]) -> Path:
     path = Path(path)
     named = extra.get("reference")
     ref = path / named if named else path.parent.parent / REFERENCE
-    if (ref / "config.json").exists():
+    if (ref / "config.json").exists() or (ref / "adapter_config.json").exists():
         return ref
     if named:
         raise CheckpointError(

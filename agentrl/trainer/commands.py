@@ -71,7 +71,7 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
     )
     t0 = time.perf_counter()
     try:
-        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run)
+        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, adapter=rt.policy)
         try:
             before = evaluate(rt)
             with progress_bar(console, enabled=cfg.run.progress) as progress:
@@ -82,7 +82,12 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
             sync.close()
         log.log("eval", 0, after)
         out = run_dir / "model"
-        rt.policy.save_pretrained(str(out))
+        if cfg.lora.enabled:  # the adapter, in PEFT's format (--model takes it: its base, merged)
+            from agentrl.models.lora import adapter_state_dict, lora_base, save_adapter
+
+            save_adapter(out, adapter_state_dict(rt.policy), cfg.lora.spec(), base=lora_base(rt.policy))
+        else:
+            rt.policy.save_pretrained(str(out))
         rt.tokenizer.save_pretrained(str(out))
         console.print(
             f"SFT on {int(stats['examples'])} oracle episodes of {cfg.rollout.env!r}: "
@@ -154,6 +159,40 @@ def _eval(args: argparse.Namespace, start_parts: StartParts | None = None) -> in
 _COUNTS = {"eval/episodes", "eval/dropped", "eval/samples", "eval/sampled_episodes"}
 
 
+def _export(args: argparse.Namespace) -> int:
+    """A run's model (its ``final_model``) or a checkpoint as a Hugging Face model directory."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from agentrl.errors import ConfigError
+    from agentrl.models import load_tokenizer
+    from agentrl.models.lora import is_adapter_dir, load_merged
+
+    src = Path(args.source)
+    if (src / "summary.json").is_file():  # a run directory: the model it finished with
+        src = Path(json.loads((src / "summary.json").read_text())["final_model"])
+    if not src.is_dir():
+        raise ConfigError(f"agentrl export {args.source!r}: not a run directory or checkpoint directory")
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {str(out)!r} exists and is not empty; give a new directory")
+    if is_adapter_dir(src) and not args.merge:
+        raise ConfigError(f"{str(src)!r} is a LoRA adapter (PEFT's format: PeftModel.from_pretrained loads it on "
+                          "its base); pass --merge to write the base with the adapter merged in")  # fmt: skip
+    model = load_merged(src) if is_adapter_dir(src) else None
+    out.mkdir(parents=True, exist_ok=True)
+    if model is None:  # a full checkpoint is already a Hugging Face directory: its model files
+        for f in src.iterdir():
+            if f.is_file() and f.name not in ("trainer_state.pt", "agentrl_checkpoint.json"):
+                shutil.copy2(f, out / f.name)
+    else:
+        model.save_pretrained(str(out), safe_serialization=True)
+        load_tokenizer(src).save_pretrained(str(out))
+    print(f"exported {src} -> {out}" + (" (adapter merged into its base)" if model is not None else ""))
+    return 0
+
+
 def register(
     sub: Any, *, start_parts: StartParts | None = None, train_on_ray: Callable[[Any], object] | None = None
 ) -> None:
@@ -186,3 +225,9 @@ def register(
         p = sub.add_parser(name, help=text, description=text)
         add_cli_flags(p)
         p.set_defaults(func=func)
+    text = "write a run's model (or a checkpoint) as a Hugging Face directory; --merge folds a LoRA adapter into its base"
+    p = sub.add_parser("export", help=text, description=text)
+    p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
+    p.add_argument("--out", required=True, metavar="DIR", help="the new model directory")
+    p.add_argument("--merge", action="store_true", help="merge a LoRA adapter into its base model")
+    p.set_defaults(func=_export)

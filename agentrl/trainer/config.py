@@ -28,6 +28,7 @@ from agentrl.trainer.algo_config import AlgoConfig
 from agentrl.trainer.cluster_config import ClusterConfig, check_ray
 from agentrl.trainer.data_config import DataConfig, apply_dataset, check_data
 from agentrl.trainer.loggers import log_targets
+from agentrl.trainer.lora_config import LoraConfig, check_lora
 
 if TYPE_CHECKING:
     from agentrl.envs import EnvSpec
@@ -36,6 +37,7 @@ __all__ = [
     "AlgoConfig",
     "ClusterConfig",
     "DataConfig",
+    "LoraConfig",
     "ModelConfig",
     "OptimConfig",
     "RolloutConfig",
@@ -294,6 +296,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         a, r = self.algo, self.rollout
@@ -356,6 +359,7 @@ class TrainConfig:
                 "process; use --weight-sync disk (the server loads the safetensors the trainer writes: same "
                 "machine or a shared file system) or --weight-sync broadcast (torch.distributed)",
             )
+        check_lora(self)
 
     @property
     def batch_size(self) -> int:

@@ -40,7 +40,13 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.trainer.algorithm import RLObjective, train_step
 from agentrl.trainer.backend import FSDP2Backend
-from agentrl.trainer.checkpoint import REFERENCE, load_reference, reference_of, store_reference
+from agentrl.trainer.checkpoint import (
+    REFERENCE,
+    adapter_reference,
+    load_reference,
+    reference_of,
+    store_reference,
+)
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.evaluation import describe
@@ -61,7 +67,7 @@ from agentrl.trainer.service import RolloutService
 from agentrl.trainer.sft import warm_start
 from agentrl.trainer.store import RunStore, save_rule
 from agentrl.trainer.task_filter import TaskFilter, task_filter
-from agentrl.trainer.weight_sync import WeightSync, make_sync
+from agentrl.trainer.weight_sync import WeightSync, make_sync, sync_metrics
 
 __all__ = ["RunSummary", "progress_bar", "train"]
 
@@ -154,8 +160,7 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
                     "time/train": t2 - t1,
                     "time/sync": t3 - t2,
                     "time/step": t3 - t0,
-                    "sync/version": float(run.rt.engine.weight_version),
-                    "sync/bytes": float(pushed.bytes if pushed else 0),
+                    **sync_metrics(run.rt.engine, pushed),
                     **replica_metrics(run.rt.engine, run.rt.ranks),
                     **env_server_metrics(run.rt.server, run.rt.ranks),
                 }
@@ -195,7 +200,9 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
     rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir, start_parts=start_parts)
     try:
         # checked here, before any training: the engine must serve the configured transport
-        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, ranks=ranks)
+        sync = make_sync(
+            cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, ranks=ranks, adapter=rt.policy
+        )
     except BaseException:
         rt.close()
         raise
@@ -298,6 +305,9 @@ def _reference(run: _Run) -> None:
     if run.cfg.algo.kl_coef <= 0:
         return
     src = reference_of(run.cfg.run.resume, run.resumed) if run.resumed is not None else None
+    if run.be.lora:  # the base under the adapter RL started from: no second copy of the model
+        run.reference = adapter_reference(run.be, run.run_dir, src, main=run.rt.ranks.main)
+        return
     if src is not None:
         ref = load_reference(src, like=run.be.model)
         run.console.print(f"KL reference: {src}")

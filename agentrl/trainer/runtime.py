@@ -271,6 +271,10 @@ def build_runtime(
             engine, server = _engine_server(cfg, name, run_dir, ranks)
             sessions = _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent))
         policy = load_model(path).to(device=device, dtype=torch.float32)
+        if cfg.lora.enabled:  # the base frozen, the adapter trains (agentrl.models.lora)
+            from agentrl.models.lora import apply_lora
+
+            apply_lora(policy, cfg.lora.spec(), base=path)
         if not cfg.rollout.session_url and not cfg.cluster.ray and cfg.model.engine == "hf":
             sessions, engine = _local_sessions(cfg, tokenizer, path, name, device)
         gateway, agent = _agent(cfg, sessions, loop, run_dir)
@@ -329,7 +333,7 @@ def _local_sessions(
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     engine = HFEngine(
         load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0,
-        max_batch_size=cfg.model.engine_max_batch,
+        max_batch_size=cfg.model.engine_max_batch, lora=cfg.lora.spec() if cfg.lora.enabled else None,
     )  # fmt: skip
     return _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent)), engine
 

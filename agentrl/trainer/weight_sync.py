@@ -39,6 +39,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from agentrl.engines.protocol import Engine, require_capability, run_sync
+from agentrl.models.lora import is_lora, lora_base, lora_spec, save_adapter
+from agentrl.trainer.adapter import base_nbytes
 from agentrl.trainer.distributed import Ranks
 from agentrl.trainer.errors import WeightSyncError
 
@@ -51,6 +53,7 @@ __all__ = [
     "WeightSync",
     "make_sync",
     "save_weights_dir",
+    "sync_metrics",
 ]
 
 
@@ -69,6 +72,16 @@ class SyncResult:
     seconds: float
     bytes: int
     buckets: int = 1
+    full_bytes: int = 0
+    """with LoRA: what a push of the whole model would have been (``bytes`` is the adapter's); else 0"""
+
+
+def sync_metrics(engine: Engine, pushed: SyncResult | None) -> dict[str, float]:
+    """A step's ``sync/*`` metrics: the engine's version, the bytes pushed (and, with LoRA, a full push's)."""
+    row = {"sync/version": float(engine.weight_version), "sync/bytes": float(pushed.bytes if pushed else 0)}
+    if pushed is not None and pushed.full_bytes:
+        row["sync/full_bytes"] = float(pushed.full_bytes)
+    return row
 
 
 class WeightSync(Protocol):
@@ -96,9 +109,13 @@ def _target(engine: Engine, version: int | None) -> int:
 class InProcessSync:
     """Copy tensors straight into an in-process engine (``update_weights_from_state_dict``)."""
 
-    def __init__(self, engine: Engine, timeout_s: float = 300.0, *, run: Runner = run_sync) -> None:
+    def __init__(
+        self, engine: Engine, timeout_s: float = 300.0, *, run: Runner = run_sync,
+        adapter: torch.nn.Module | None = None,
+    ) -> None:  # fmt: skip
         require_capability(engine, "state_dict", "run.weight_sync='inprocess'")
         self.engine, self.timeout_s, self._run = engine, timeout_s, run
+        self.adapter = adapter if adapter is not None and is_lora(adapter) else None
 
     def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
         t0 = time.perf_counter()
@@ -111,9 +128,9 @@ class InProcessSync:
             )
         except Exception as e:  # noqa: BLE001 - any engine failure leaves the old weights
             raise WeightSyncError(f"in-process weight sync to version {want} failed: {e}") from e
-        return SyncResult(
-            _check(self.engine, got, want, "in-process"), time.perf_counter() - t0, _nbytes(state_dict)
-        )
+        full = base_nbytes(self.adapter) + _nbytes(state_dict) if self.adapter is not None else 0
+        return SyncResult(_check(self.engine, got, want, "in-process"), time.perf_counter() - t0,
+                          _nbytes(state_dict), full_bytes=full)  # fmt: skip
 
     def close(self) -> None:
         pass
@@ -136,8 +153,13 @@ class DiskSync:
         *,
         run: Runner = run_sync,
         ranks: Ranks | None = None,
+        adapter: torch.nn.Module | None = None,
     ) -> None:
-        require_capability(engine, "checkpoint", "run.weight_sync='disk'")
+        self.adapter = adapter if adapter is not None and is_lora(adapter) else None
+        if self.adapter is not None:
+            require_capability(engine, "adapter", "--lora-rank with run.weight_sync='disk'")
+        else:
+            require_capability(engine, "checkpoint", "run.weight_sync='disk'")
         self.ranks = ranks or Ranks()
         self.engine, self.root, self.timeout_s = engine, Path(root), timeout_s
         # a slower rank may still be reading the previous version
@@ -151,11 +173,13 @@ class DiskSync:
         final = self.root / f"v{want}"
         tensors = state_dict
         if self.ranks.main:
-            tensors = save_weights_dir(state_dict, final)
+            tensors = save_weights_dir(state_dict, final, self.adapter)
         self.ranks.barrier()  # the file is complete before any rank's engine reads it
+        adapter = self.adapter is not None  # an engine with the "adapter" capability has the method
+        load = self.engine.update_adapter_from_path if adapter else self.engine.update_weights_from_path  # type: ignore[attr-defined]
         try:
             got = self._run(
-                self.engine.update_weights_from_path(final, version=want),
+                load(final, version=want),
                 timeout_s=self.timeout_s,
                 what=f"weight update from {str(final)!r}",
             )
@@ -164,7 +188,9 @@ class DiskSync:
         stale = sorted(self.root.glob("v*"), key=lambda p: int(p.name[1:]))[: -self.keep]
         for old in stale if self.ranks.main else []:
             shutil.rmtree(old, ignore_errors=True)
-        return SyncResult(_check(self.engine, got, want, "disk"), time.perf_counter() - t0, _nbytes(tensors))
+        full = base_nbytes(self.adapter) + _nbytes(tensors) if self.adapter is not None else 0
+        return SyncResult(_check(self.engine, got, want, "disk"), time.perf_counter() - t0, _nbytes(tensors),
+                          full_bytes=full)  # fmt: skip
 
     def close(self) -> None:
         pass
@@ -309,10 +335,13 @@ def _trainer_group(host: str, port: int, world_size: int, timeout_s: float, grou
     return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
 
 
-def save_weights_dir(state_dict: Mapping[str, torch.Tensor], final: str | Path) -> dict[str, torch.Tensor]:
+def save_weights_dir(
+    state_dict: Mapping[str, torch.Tensor], final: str | Path, adapter: torch.nn.Module | None = None
+) -> dict[str, torch.Tensor]:
     """Write ``final/model.safetensors`` via a temporary sibling renamed into place; returns what was written.
 
-    A reader never sees a half-written directory: ``final`` appears complete or not at all.
+    A reader never sees a half-written directory: ``final`` appears complete or not at all. With
+    ``adapter`` (the LoRA policy whose adapter ``state_dict`` is) it is a PEFT adapter directory.
     """
     from safetensors.torch import save_file
 
@@ -321,7 +350,12 @@ def save_weights_dir(state_dict: Mapping[str, torch.Tensor], final: str | Path) 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tensors = _dedupe_tied(state_dict)
-    save_file(tensors, str(tmp / "model.safetensors"))
+    if adapter is not None:
+        spec = lora_spec(adapter)
+        assert spec is not None
+        save_adapter(tmp, tensors, spec, base=lora_base(adapter))
+    else:
+        save_file(tensors, str(tmp / "model.safetensors"))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return tensors
@@ -360,17 +394,24 @@ def _free_port(host: str) -> int:
 
 
 def make_sync(
-    kind: str, engine: Engine, run_dir: str | Path, *, run: Runner = run_sync, ranks: Ranks | None = None
-) -> WeightSync:
+    kind: str, engine: Engine, run_dir: str | Path, *, run: Runner = run_sync, ranks: Ranks | None = None,
+    adapter: torch.nn.Module | None = None,
+) -> WeightSync:  # fmt: skip
     """The transport for ``run.weight_sync``; raises ``UnsupportedWeightUpdateError`` if the engine lacks it.
 
     ``run`` runs the engine's coroutines (the run's event loop; a fresh loop per call by default).
     ``ranks``: data-parallel trainer ranks, each with its own engine (disk: rank 0 writes, all reload).
+    ``adapter``: the policy; when it carries a LoRA adapter, only the adapter is pushed (in process,
+    its tensors; on disk, a PEFT directory the engine loads in place of the last one).
     """
+    if adapter is not None and is_lora(adapter) and kind == "broadcast":
+        raise WeightSyncError(
+            "a LoRA adapter is pushed in process or as a PEFT directory (disk), not broadcast"
+        )
     if kind == "inprocess":
-        return InProcessSync(engine, run=run)
+        return InProcessSync(engine, run=run, adapter=adapter)
     if kind == "disk":
-        return DiskSync(engine, Path(run_dir) / "weights", run=run, ranks=ranks)
+        return DiskSync(engine, Path(run_dir) / "weights", run=run, ranks=ranks, adapter=adapter)
     if kind == "broadcast":
         return BroadcastSync(engine, run=run)
     raise WeightSyncError(f"unknown weight sync {kind!r}; use inprocess, disk or broadcast")

@@ -239,3 +239,30 @@ def test_agent_programs_under_torchrun_each_rank_plays_its_share(tmp_path):
         "s1-0-a0.log",
         "s1-1-a0.log",
     ]  # rank 0's task 0, rank 1's task 1
+
+
+@pytest.mark.slow
+def test_a_lora_run_under_torchrun_shards_the_adapter_and_resumes_exactly(warm_model, tmp_path):
+    """--lora-rank under torchrun: FSDP2 shards base and adapter, only the gathered adapter is pushed,
+    each rank's engine samples what the trainer scores, and a resumed KL run (adapter, optimizer and
+    the reference adapter restored into the shards) trains its step as the uninterrupted run did."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    lora = ["--lora-rank", "8", "--steps", "3", "--kl-coef", "0.5", "--checkpoint-every", "2",
+            "--engine-max-batch", "1"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for run, resume in ((a, []), (b, ["--resume", str(a / "checkpoints" / "step-2")])):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(_free_port()), "-m", "agentrl.cli", *_args(warm_model, run), *lora, *resume]  # fmt: skip
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [r for r in read_jsonl(a / "metrics.jsonl") if r["kind"] == "train"]
+    for r in rows:
+        assert 0 < r["sync/bytes"] < r["sync/full_bytes"] / 5
+        assert r["train/mismatch_abs_logp"] < 1e-4
+    ra, rb = (next(r for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "train" and r["step"] == 3)
+              for d in (a, b))  # fmt: skip
+    assert ra["train/kl"] > 1e-6  # two updates away from the reference
+    for key in ("rollout/reward", "train/tokens", "train/kl", "train/loss", "train/grad_norm"):
+        assert rb[key] == ra[key], key
+    assert (a / "checkpoints" / "step-3" / "adapter_config.json").is_file()
+    assert not (a / "checkpoints" / "step-3" / "model.safetensors").exists()
