@@ -221,8 +221,9 @@ class SGLangEngine(RemoteEngine):
         when the same name is loaded again, atomically between two decode steps. A real SGLang
         refuses a name it holds; the adapter is then unloaded and loaded again (requests sent in
         between fail there), and if the new one is refused the previous one is loaded back. The
-        version is sent as ``weight_version`` (serve-engine sets it; SGLang ignores the field, so
-        tokens carry the version this client set). **Not verified against a real SGLang server.**
+        version is sent as ``weight_version`` (serve-engine sets it; SGLang's routes have no such
+        field, and tokens carry the version this client set). **Not verified against a real SGLang
+        server.**
         """
         if self.lora_rank is None:
             raise UnsupportedWeightUpdateError(
