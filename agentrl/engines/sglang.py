@@ -26,7 +26,6 @@ import torch
 
 from agentrl.engines.errors import (
     EngineUnavailableError,
-    UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
@@ -81,7 +80,8 @@ def _int_version(v: Any, default: int) -> int:
 class SGLangEngine(RemoteEngine):
     """Engine protocol over HTTP (see the module docstring). ``base_url`` like ``http://127.0.0.1:30000``.
 
-    ``lora_rank``: the run pushes LoRA adapters of up to that rank (:meth:`update_adapter_from_path`).
+    ``lora_rank``: the rank the server was started for (``--max-lora-rank``), when known: an adapter
+    above it is refused here, before any call (:meth:`update_adapter_from_path`).
     """
 
     _ABORT_PATH = "/abort_request"
@@ -205,10 +205,9 @@ class SGLangEngine(RemoteEngine):
 
     @property
     def capabilities(self) -> EngineCapabilities:
-        """A checkpoint path or a weight group; with ``lora_rank``, LoRA adapter directories too."""
-        return EngineCapabilities(
-            state_dict=False, checkpoint=True, distributed=True, adapter=self.lora_rank is not None
-        )
+        """A checkpoint path, a weight group, or a LoRA adapter directory (the server decides whether it
+        serves adapters: ``agentrl serve-engine`` always does, a real SGLang when started with ``--enable-lora``)."""
+        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=True, adapter=True)
 
     async def update_adapter_from_path(
         self, path: str | os.PathLike[str], *, version: int | None = None
@@ -225,16 +224,11 @@ class SGLangEngine(RemoteEngine):
         field, and tokens carry the version this client set). **Not verified against a real SGLang
         server.**
         """
-        if self.lora_rank is None:
-            raise UnsupportedWeightUpdateError(
-                f"update_adapter_from_path({str(path)!r}): this client was made without lora_rank; make it "
-                f"with SGLangEngine({self.base_url!r}, lora_rank=R) for a server that serves LoRA adapters"
-            )
         new = self._next_version(version)
         spec, _, _ = read_adapter(path)
-        if spec.rank > self.lora_rank:
+        if self.lora_rank is not None and spec.rank > self.lora_rank:
             raise LoraError(
-                f"adapter {str(path)!r} has rank {spec.rank}, above this run's lora_rank {self.lora_rank}; "
+                f"adapter {str(path)!r} has rank {spec.rank}, above the server's lora_rank {self.lora_rank}; "
                 "start the server (and the client) with a lora_rank >= the adapter's"
             )
         resp = await self._load_adapter(str(path), new)

@@ -269,4 +269,9 @@ def test_sglang_client_replaces_its_adapter_and_names_it_in_generations(adapters
         ("/load_lora_adapter", a1),  # refused: bad
         ("/load_lora_adapter", a2),  # the previous adapter back
     ]
-    assert not SGLangEngine("http://127.0.0.1:1").capabilities.adapter
+    plain = SGLangEngine("http://127.0.0.1:1")  # the server decides: serve-engine always takes adapters
+    assert plain.capabilities.adapter and plain.capabilities.checkpoint
+    with pytest.raises(
+        LoraError, match=r"rank 8, above the server's lora_rank 1.*lora_rank >= the adapter's"
+    ):
+        _update(SGLangEngine("http://127.0.0.1:1", lora_rank=1), adapters[0])
