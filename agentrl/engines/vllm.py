@@ -202,7 +202,7 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
         ids, rid, body = self._request(input_ids, sampling, request_id)
         submitted = self._version
         out = await self._post_generation("/inference/v1/generate", body, rid)
-        return self._generation(out, rid, len(ids), submitted)
+        return self._base_labels(self._generation(out, rid, len(ids), submitted), body)
 
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
@@ -239,7 +239,9 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
                 for key in ("finish_reason", "weight_versions"):
                     final[key] = choice.get(key) or final[key]
         choice = {"token_ids": out_ids, "logprobs": {"content": content}, **final}
-        yield self._generation({"choices": [choice], "usage": usage}, rid, len(ids), submitted)
+        yield self._base_labels(
+            self._generation({"choices": [choice], "usage": usage}, rid, len(ids), submitted), body
+        )
 
     def _generation(self, out: dict[str, Any], rid: str, prompt_len: int, submitted: int) -> Generation:
         """The answer as a ``Generation``: vLLM's spans label their tokens; any token outside them, or all

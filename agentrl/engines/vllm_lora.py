@@ -19,7 +19,9 @@ one adapter, :data:`ADAPTER_NAME`, replaced in place at every update. An update
    ``OpenAIServingModels.load_lora_adapter``): the checked reset and the new cache salt are
    what keep old KV from serving;
 3. from the first adapter on, every generation names it (``"model": ADAPTER_NAME`` in the
-   ``/inference/v1/generate`` body; vLLM maps a served LoRA name to its ``LoRARequest``).
+   ``/inference/v1/generate`` body; vLLM maps a served LoRA name to its ``LoRARequest``). A request
+   sent before the first adapter keeps running on the base alone across that load; its tokens
+   keep the base's version label (vLLM's spans would give the later ones the new version).
 
 A load or reset that fails is rolled back by loading the last good adapter directory again
 (or unloading the adapter when there was none); if that fails too the client refuses to
@@ -39,7 +41,7 @@ from agentrl.engines.errors import (
     UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
-from agentrl.engines.protocol import EngineCapabilities
+from agentrl.engines.protocol import EngineCapabilities, Generation
 from agentrl.httpkit import StatusMap
 from agentrl.models.lora import LoraError, read_adapter
 
@@ -154,12 +156,20 @@ class VLLMAdapters:
         self.max_lora_rank = vllm_max_lora_rank(lora_rank) if lora_rank is not None else None
         self._adapter_path: str | None = None  # the last adapter that loaded: the rollback target
         self._adapter_served = False  # whether requests name the adapter (from the first load on)
+        self._base_last: int | None = None  # the last version the base alone served (set by the first load)
 
     @property
     def capabilities(self) -> EngineCapabilities:
         """A LoRA server: adapter directories only. Otherwise a checkpoint path or a weight group."""
         lora = self.lora_rank is not None
         return EngineCapabilities(state_dict=False, checkpoint=not lora, distributed=not lora, adapter=lora)
+
+    def _base_labels(self, gen: Generation, body: dict[str, Any]) -> Generation:
+        """A request sent before the first adapter (no ``model``) runs on the base to its end, though vLLM
+        labels its tokens after that load with the new version: they are labelled with the base's."""
+        if "model" not in body and self._base_last is not None:
+            gen.weight_versions = [min(v, self._base_last) for v in gen.weight_versions]
+        return gen
 
     def _adapter_fields(self) -> dict[str, Any]:
         """What a generation body adds: the adapter's name once one is loaded."""
@@ -198,7 +208,8 @@ class VLLMAdapters:
 
         async def load() -> None:
             await self._load_adapter(path)
-            self._adapter_served = True
+            if not self._adapter_served:
+                self._base_last, self._adapter_served = self._version, True
 
         await self._atomic_update(new, load, restore=self._restore_adapter)
         self._adapter_path = path
@@ -223,7 +234,7 @@ class VLLMAdapters:
             if self._adapter_path is not None:
                 await self._load_adapter(self._adapter_path)
             elif self._adapter_served:
-                self._adapter_served = False
+                self._base_last, self._adapter_served = None, False
                 await self._post_ok(
                     "/v1/unload_lora_adapter", {"lora_name": ADAPTER_NAME}, "unloading the LoRA adapter"
                 )

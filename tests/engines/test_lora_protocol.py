@@ -7,6 +7,7 @@ checks the same on a real server. The SGLang stub refuses a name it holds, as SG
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,53 @@ def test_an_adapter_update_loads_in_place_then_resets_the_cache_and_names_the_ad
     assert s.loads() == [(str(adapters[0].resolve()), True), (str(adapters[1].resolve()), True)]
     assert {b["lora_name"] for p, b in s.calls if p == "/v1/load_lora_adapter"} == {ADAPTER_NAME}
     assert s.models() == [None, ADAPTER_NAME, ADAPTER_NAME]
+
+
+def test_a_request_running_across_the_first_adapter_load_keeps_the_base_label(
+    adapters: tuple[Path, Path],
+) -> None:
+    """vLLM cannot move a running request onto an adapter: one sent before the first load samples on
+    the base to its end, so its tokens keep the base's version though vLLM's spans say the new one."""
+    updated = asyncio.Event()  # set by /update_weight_version, on the server's loop
+    app = FastAPI()
+
+    @app.post("/{path:path}")
+    async def any_post(path: str, request: Request) -> Any:
+        body = await request.json() if await request.body() else None
+        if path == "update_weight_version":
+            updated.set()
+        if path != "inference/v1/generate":
+            return {"success": True}
+        if "model" in body:  # sent after the update
+            spans = [{"start": 0, "end": 3, "version": "1"}]
+        else:  # the base request: it runs until the update lands, and vLLM labels its last 2 tokens "1"
+            await asyncio.wait_for(updated.wait(), 20)
+            spans = [{"start": 0, "end": 1, "version": "default"}, {"start": 1, "end": 3, "version": "1"}]
+        logprobs = {"content": [{"logprob": -1.0}] * 3}
+        choice = {
+            "token_ids": [5, 6, 7],
+            "finish_reason": "length",
+            "weight_versions": spans,
+            "logprobs": logprobs,
+        }
+        return {"choices": [choice], "usage": {"prompt_tokens": 3}}
+
+    with BackgroundServer(app) as srv:
+        engine = VLLMEngine(srv.url, resolve("tiny"), retries=0, lora_rank=8)
+        params = SamplingParams(max_new_tokens=3)
+
+        async def run() -> tuple[Any, int, Any]:
+            base = asyncio.create_task(engine.generate([1, 2, 3], params))
+            await asyncio.sleep(0.2)
+            v = await engine.update_adapter_from_path(adapters[0])
+            return await base, v, await engine.generate([1, 2, 3], params)
+
+        try:
+            base, v, after = run_sync(run(), timeout_s=30, what="a request across the first adapter load")
+        finally:
+            engine.close()
+    assert v == 1 and base.weight_versions == [0, 0, 0]  # not [0, 1, 1]: the base sampled them all
+    assert after.weight_versions == [1, 1, 1]
 
 
 def test_an_adapter_vllm_refuses_is_rolled_back_to_the_last_good_one(
