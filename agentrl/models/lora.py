@@ -51,6 +51,7 @@ __all__ = [
     "from_peft_names",
     "is_adapter_dir",
     "is_lora",
+    "load_4bit",
     "load_merged",
     "lora_base",
     "lora_spec",
@@ -235,6 +236,33 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, base: str | None = None) -> 
     model._agentrl_lora = spec  # type: ignore[assignment]
     model._agentrl_lora_base = base  # type: ignore[assignment]
     return model
+
+
+def load_4bit(name_or_path: str, device: str) -> Any:
+    """QLoRA's base: the model quantized to 4-bit NF4 by ``bitsandbytes`` (bf16 compute, double
+    quantization), on ``device``. CUDA only; :class:`LoraError` saying why elsewhere."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        raise LoraError(
+            f"--lora-quantize 4bit: needs a CUDA GPU (bitsandbytes' 4-bit kernels), and the trainer's device is "
+            f"{device!r}; leave the flag out to train the adapter on a full-precision base"
+        )
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise LoraError("--lora-quantize 4bit: needs bitsandbytes (pip install bitsandbytes)") from None
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from agentrl.models import resolve
+
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_use_double_quant=True,
+    )
+    return AutoModelForCausalLM.from_pretrained(
+        resolve(name_or_path), quantization_config=quant, dtype=torch.bfloat16, device_map={"": device}
+    ).eval()
 
 
 def is_lora(model: nn.Module) -> bool:

@@ -9,7 +9,7 @@ the model), and checkpoints hold the adapter in PEFT's format (docs/training.md,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from agentrl.configlib import fail as _fail
 from agentrl.models.lora import LoraError, LoraSpec
@@ -32,12 +32,14 @@ class LoraConfig:
     """dropout on the adapter's input while training; above 0 the trainer's logprobs no longer match the sampler's"""
     target_modules: str = field(default="", metadata={"flag": "--lora-target-modules", "metavar": "NAMES"})
     """comma-separated module names to adapt (q_proj,v_proj,...) or all-linear; empty: every projection of the attention and MLP (q,k,v,o,gate,up,down)"""
+    quantize: Literal["", "4bit"] = field(default="", metadata={"flag": "--lora-quantize"})
+    """4bit: QLoRA, the frozen base (trainer and embedded engine) quantized to 4-bit NF4 by bitsandbytes (CUDA only); empty: the base in full precision"""
 
     def __post_init__(self) -> None:
         if self.rank < 0:
             _fail("lora", "rank", self.rank, "must be >= 1 to train an adapter (0: full fine-tuning)")
         if self.rank == 0:
-            for name in ("alpha", "dropout", "target_modules"):
+            for name in ("alpha", "dropout", "target_modules", "quantize"):
                 if getattr(self, name):
                     _fail("lora", name, getattr(self, name), "needs --lora-rank R (the adapter it shapes)")
             return
@@ -65,6 +67,13 @@ def check_lora(cfg: TrainConfig) -> None:
     """What training an adapter needs of the rest of the config, checked before any model loads."""
     if not cfg.lora.enabled:
         return
+    if cfg.lora.quantize and cfg.model.device == "cpu":
+        _fail("lora", "quantize", cfg.lora.quantize, "QLoRA's 4-bit base runs on a CUDA GPU only (bitsandbytes); "
+              "leave --lora-quantize out on CPU")  # fmt: skip
+    if cfg.lora.quantize and cfg.model.engine != "hf":
+        _fail("lora", "quantize", cfg.lora.quantize, f"the 4-bit base is the trainer's and the embedded engine's; "
+              f"--engine {cfg.model.engine} serves its own full-precision base, which the trainer's logprobs would "
+              "not match: use --engine hf")  # fmt: skip
     if cfg.run.weight_sync == "broadcast":
         _fail("run", "weight_sync", "broadcast", "with --lora-rank the engine loads the adapter (megabytes) "
               "as a PEFT directory: use --weight-sync disk, or inprocess with the embedded engine")  # fmt: skip

@@ -270,7 +270,12 @@ def build_runtime(
         elif cfg.model.engine != "hf":  # started (or reached) before the policy loads, for the same reason
             engine, server = _engine_server(cfg, name, run_dir, ranks)
             sessions = _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent))
-        policy = load_model(path).to(device=device, dtype=torch.float32)
+        if cfg.lora.quantize:  # QLoRA: a 4-bit base (CUDA; agentrl.models.lora.load_4bit)
+            from agentrl.models.lora import load_4bit
+
+            policy = load_4bit(path, device)
+        else:
+            policy = load_model(path).to(device=device, dtype=torch.float32)
         if cfg.lora.enabled:  # the base frozen, the adapter trains (agentrl.models.lora)
             from agentrl.models.lora import apply_lora
 
@@ -330,9 +335,15 @@ def _local_sessions(
     from agentrl.engines.hf import HFEngine
     from agentrl.models import load_model
 
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    dtype: torch.dtype | None = torch.float32 if device == "cpu" else torch.bfloat16
+    if cfg.lora.quantize:  # the engine samples from the same 4-bit base the trainer scores with
+        from agentrl.models.lora import load_4bit
+
+        base, dtype = load_4bit(path, device), None
+    else:
+        base = load_model(path)
     engine = HFEngine(
-        load_model(path), device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0,
+        base, device=device, dtype=dtype, seed=cfg.run.seed, prefix_cache_bytes=0,
         max_batch_size=cfg.model.engine_max_batch, lora=cfg.lora.spec() if cfg.lora.enabled else None,
     )  # fmt: skip
     return _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent)), engine

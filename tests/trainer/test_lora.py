@@ -248,3 +248,30 @@ def test_the_reference_adapter_is_swapped_in_for_the_reference_forward_only():
     base = copy.deepcopy(model)
     with AdapterReference(model, zero).active(model), adapters_disabled(base):
         assert torch.allclose(_logprobs(model, ids), _logprobs(base, ids), atol=1e-6)
+
+
+def test_qlora_is_refused_on_cpu_naming_why():
+    from agentrl.models.lora import load_4bit
+
+    with pytest.raises(ConfigError, match=r"lora.quantize='4bit'.*CUDA GPU only"):
+        resolve_cfg(rank=8, quantize="4bit", device="cpu")
+    with pytest.raises(ConfigError, match=r"--engine vllm serves its own full-precision base"):
+        resolve_cfg(rank=8, quantize="4bit", engine="vllm")
+    if not torch.cuda.is_available():
+        with pytest.raises(LoraError, match="--lora-quantize 4bit: needs a CUDA GPU"):
+            load_4bit("tiny-qwen3", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or __import__("importlib").util.find_spec("bitsandbytes") is None,
+    reason="QLoRA needs a CUDA GPU and bitsandbytes (its 4-bit kernels have no CPU path here)",
+)
+def test_qlora_trains_on_a_4bit_base_and_the_engine_samples_what_the_trainer_scores(tmp_path):
+    run = tmp_path / "run"
+    train(resolve_cfg(**FAST, env=VOWELS, steps=2, quantize="4bit", device="cuda", run_dir=str(run)),
+          console=_quiet())  # fmt: skip
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert all(r["sync/bytes"] < r["sync/full_bytes"] for r in rows)
+    assert all(r["train/mismatch_abs_logp"] < 1e-2 for r in rows)  # bf16 compute on both sides
+    assert (run / "checkpoints" / "step-2" / "adapter_config.json").is_file()
