@@ -10,14 +10,19 @@ one adapter, :data:`ADAPTER_NAME`, replaced in place at every update. An update
    against the server's ``--max-lora-rank``, its target modules against what vLLM adapts, each
    tensor's shape against the served model's layer); a refused adapter changes nothing;
 2. under the engine's pause / checked prefix-cache reset / version / resume sequence
-   (``VLLMEngine._atomic_update``), ``POST /v1/load_lora_adapter`` with ``load_inplace: true``
-   and the same name: vLLM 0.32 loads the new tensors first and only then swaps them for the
-   old ones under the same LoRA id (``WorkerLoRAManager.add_adapter`` in
-   ``vllm/lora/worker_manager.py``), so a directory vLLM refuses leaves the previous adapter
-   serving. The LoRA id, which vLLM's prefix-cache hash includes, stays the same across
-   updates, and vLLM does not invalidate the blocks the old tensors computed (it says so in
-   ``OpenAIServingModels.load_lora_adapter``): the checked reset and the new cache salt are
-   what keep old KV from serving;
+   (``VLLMEngine._atomic_update``), the load: the first one through vLLM's
+   ``POST /v1/load_lora_adapter`` (which registers the name, gives it a LoRA id and loads it),
+   every later one through agentrl's worker extension (``/collective_rpc`` ``agentrl_load_lora``),
+   which replaces the tensors under the same id. vLLM loads the new tensors first and only then
+   swaps them for the old ones (``WorkerLoRAManager.add_adapter`` in
+   ``vllm/lora/worker_manager.py``), so a directory it refuses leaves the previous adapter
+   serving. vLLM's own in-place load (``load_inplace: true`` on its route) is not used: the flag
+   stays in the request every later generation carries, and the worker then reloads that
+   request's directory at every step, so a request sent before an update put the old adapter
+   back into the slot (measured: after an update, a running request's tokens scored under the
+   old adapter, |Δlogp| 1.3 against the new one). The adapter's name, id and registered path
+   stay the same across updates, and vLLM's prefix-cache hash includes only those: the checked
+   reset and the new cache salt are what keep old KV from serving;
 3. from the first adapter on, every generation names it (``"model": ADAPTER_NAME`` in the
    ``/inference/v1/generate`` body; vLLM maps a served LoRA name to its ``LoRARequest``). A request
    sent before the first adapter keeps running on the base alone across that load; its tokens
@@ -142,6 +147,9 @@ class VLLMAdapters:
         async def _post_ok(self, path: str, body: Any, what: str, *, params: dict[str, Any] | None = None,
                            timeout_s: float = 300.0) -> Any: ...  # fmt: skip
         async def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> Answer: ...
+        async def _rpc(
+            self, method: str, what: str, deadline_s: float | None = None, **kwargs: Any
+        ) -> Any: ...
         async def _atomic_update(
             self,
             new: int,
@@ -156,6 +164,7 @@ class VLLMAdapters:
         self.max_lora_rank = vllm_max_lora_rank(lora_rank) if lora_rank is not None else None
         self._adapter_path: str | None = None  # the last adapter that loaded: the rollback target
         self._adapter_served = False  # whether requests name the adapter (from the first load on)
+        self._adapter_registered = False  # whether vLLM's API server knows its name (the first load)
         self._base_last: int | None = None  # the last version the base alone served (set by the first load)
 
     @property
@@ -216,25 +225,33 @@ class VLLMAdapters:
         return new
 
     async def _load_adapter(self, path: str) -> None:
-        body = {"lora_name": ADAPTER_NAME, "lora_path": path, "load_inplace": True}
-        resp = await self._call("POST", "/v1/load_lora_adapter", body, timeout_s=300.0)
-        if resp.status == 404 and '"Not Found"' in resp.text:  # FastAPI's answer for a route it lacks
-            raise UnsupportedWeightUpdateError(
-                f"{self.base_url} has no /v1/load_lora_adapter: the server was not started for LoRA; start it "
-                "with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (launch_vllm_server(..., lora_rank=R))"
-            )
-        if resp.status != 200:
-            raise _REFUSED.error(
-                resp.status, resp.body, f"loading the LoRA adapter {path!r}: {self.base_url}"
-            )
+        """The first load registers the adapter with vLLM; later ones replace its tensors in the worker."""
+        if not self._adapter_registered:
+            body = {"lora_name": ADAPTER_NAME, "lora_path": path, "load_inplace": False}
+            resp = await self._call("POST", "/v1/load_lora_adapter", body, timeout_s=300.0)
+            if resp.status == 404 and '"Not Found"' in resp.text:  # FastAPI's answer for a route it lacks
+                raise UnsupportedWeightUpdateError(
+                    f"{self.base_url} has no /v1/load_lora_adapter: the server was not started for LoRA; start "
+                    "it with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (launch_vllm_server(..., lora_rank=R))"
+                )
+            if resp.status == 200:
+                self._adapter_registered = True
+                return
+            if "has already been loaded" not in resp.text:
+                raise _REFUSED.error(
+                    resp.status, resp.body, f"loading the LoRA adapter {path!r}: {self.base_url}"
+                )
+            self._adapter_registered = True  # by an earlier client of this server: replaced below
+        await self._rpc("agentrl_load_lora", f"loading the LoRA adapter {path!r}", lora_name=ADAPTER_NAME,
+                        lora_path=path)  # fmt: skip
 
     async def _restore_adapter(self) -> None:
         """Serve the last good adapter again (none: unload it) after a failed load or reset; else refuse to serve."""
         try:
             if self._adapter_path is not None:
                 await self._load_adapter(self._adapter_path)
-            elif self._adapter_served:
-                self._base_last, self._adapter_served = None, False
+            elif self._adapter_registered:
+                self._base_last, self._adapter_served, self._adapter_registered = None, False, False
                 await self._post_ok(
                     "/v1/unload_lora_adapter", {"lora_name": ADAPTER_NAME}, "unloading the LoRA adapter"
                 )

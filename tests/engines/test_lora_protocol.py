@@ -53,7 +53,7 @@ class VLLMStub:
     def __init__(self, *, lora: bool = True) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.lora = lora
-        self.refuse_load: set[str] = set()  # adapter paths the server refuses
+        self.refuse_load: set[str] = set()  # adapter paths the server (or its worker) refuses
         self.refuse_reset = False
 
     def app(self) -> FastAPI:
@@ -72,7 +72,8 @@ class VLLMStub:
                 return {"choices": [choice], "usage": {"prompt_tokens": 3}}
             if path.startswith("v1/") and not self.lora:
                 return JSONResponse({"detail": "Not Found"}, status_code=404)
-            if path == "v1/load_lora_adapter" and body["lora_path"] in self.refuse_load:
+            lora_path = (body or {}).get("lora_path") or ((body or {}).get("kwargs") or {}).get("lora_path")
+            if path in ("v1/load_lora_adapter", "collective_rpc") and lora_path in self.refuse_load:
                 error = {"message": "Loading lora failed", "type": "InternalServerError", "code": 500}
                 return JSONResponse({"error": error}, status_code=500)
             if path == "reset_prefix_cache":
@@ -88,8 +89,16 @@ class VLLMStub:
         """The ``model`` each generation named (the adapter, or none: the base)."""
         return [b.get("model") for p, b in self.calls if p == "/inference/v1/generate"]
 
-    def loads(self) -> list[tuple[str, bool]]:
-        return [(b["lora_path"], b["load_inplace"]) for p, b in self.calls if p == "/v1/load_lora_adapter"]
+    def loads(self) -> list[tuple[str, str]]:
+        """Each adapter load: the route (vLLM's, or the worker extension's method) and the directory."""
+        out = []
+        for p, b in self.calls:
+            if p == "/v1/load_lora_adapter":
+                assert b["load_inplace"] is False  # vLLM's in-place flag would stick to every request
+                out.append(("api", b["lora_path"]))
+            elif p == "/collective_rpc" and b["method"] == "agentrl_load_lora":
+                out.append(("worker", b["kwargs"]["lora_path"]))
+        return out
 
 
 @pytest.fixture
@@ -120,11 +129,15 @@ def test_an_adapter_update_loads_in_place_then_resets_the_cache_and_names_the_ad
     _generate(engine)
     assert _update(engine, adapters[1]) == 6
     _generate(engine)
-    once = ["/pause", "/v1/load_lora_adapter", "/reset_prefix_cache", "/update_weight_version", "/resume"]
-    assert s.paths() == once + once
-    # one name, replaced in place; the base alone before the first adapter, the adapter on every request after
-    assert s.loads() == [(str(adapters[0].resolve()), True), (str(adapters[1].resolve()), True)]
-    assert {b["lora_name"] for p, b in s.calls if p == "/v1/load_lora_adapter"} == {ADAPTER_NAME}
+    first = ["/pause", "/v1/load_lora_adapter", "/reset_prefix_cache", "/update_weight_version", "/resume"]
+    later = ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
+    assert s.paths() == first + later
+    # one name: registered once, then replaced in place by the worker extension
+    assert s.loads() == [("api", str(adapters[0].resolve())), ("worker", str(adapters[1].resolve()))]
+    names = [b["lora_name"] if p.startswith("/v1/") else b["kwargs"]["lora_name"] for p, b in s.calls
+             if p in ("/v1/load_lora_adapter", "/collective_rpc")]  # fmt: skip
+    assert names == [ADAPTER_NAME, ADAPTER_NAME]
+    # the base alone before the first adapter, the adapter on every request after
     assert s.models() == [None, ADAPTER_NAME, ADAPTER_NAME]
 
 
@@ -185,7 +198,7 @@ def test_an_adapter_vllm_refuses_is_rolled_back_to_the_last_good_one(
     with pytest.raises(WeightUpdateError, match="Loading lora failed"):
         _update(engine, adapters[1])
     assert engine.weight_version == 1 and engine.stats["rollbacks"] == 1
-    assert [path for path, _ in s.loads()] == [str(adapters[1].resolve()), str(adapters[0].resolve())]
+    assert s.loads() == [("worker", str(adapters[1].resolve())), ("worker", str(adapters[0].resolve()))]
     assert s.paths()[-1] == "/resume" and "/update_weight_version" not in s.paths()
     _generate(engine)
     assert s.models() == [ADAPTER_NAME]

@@ -6,6 +6,7 @@ these tests skip with the reason, unless AGENTRL_REQUIRE_VLLM=1 (CI sets it).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import Iterator
@@ -140,6 +141,35 @@ def test_an_adapter_replaced_in_place_leaves_no_kv_of_the_old_one(
     assert _max_diff(_peft(adapters["a1"]), SHARED + [1], after) > 1e-2
     again = _generate(engine, SHARED + [1])
     assert again.meta["cached_tokens"] >= 256 and again.output_ids == after.output_ids
+
+
+@pytest.mark.timeout(600)
+def test_a_request_running_across_an_adapter_update_continues_on_the_new_adapter(
+    engine: VLLMEngine, adapters: dict[str, Path]
+) -> None:
+    """A 600-token request while the adapter is replaced: its versions go old then new, and every
+    token labelled new scores under the new adapter (its KV recomputed, its slot holding the new
+    tensors; vLLM's own in-place load put the old adapter back at its next step)."""
+    old = _update(engine, adapters["a1"])
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18]
+    long = SamplingParams(max_new_tokens=600, temperature=1.0, seed=4, ignore_eos=True)
+
+    async def run() -> tuple[Generation, int]:
+        task = asyncio.create_task(engine.generate(prompt, long))
+        await asyncio.sleep(1.5)
+        v = await engine.update_adapter_from_path(adapters["a2"])
+        return await task, v
+
+    g, v = run_sync(run(), timeout_s=300, what="a request across an adapter update")
+    versions = g.weight_versions
+    assert v == old + 1 and len(versions) == 600
+    assert versions == sorted(versions) and versions[0] == old and versions[-1] == v
+    k = versions.index(v)
+    new_scores = _teacher_forced(_peft(adapters["a2"]), prompt, g)
+    diff = max(abs(a - b) for a, b in zip(new_scores[k:], g.logprobs[k:], strict=True))
+    assert diff < 1e-3, f"tokens labelled with the new adapter were not sampled by it (max |dlogp| {diff})"
+    old_scores = _teacher_forced(_peft(adapters["a1"]), prompt, g)
+    assert max(abs(a - b) for a, b in zip(old_scores[:k], g.logprobs[:k], strict=True)) < 1e-3
 
 
 def test_a_refused_adapter_keeps_the_old_one_serving(
