@@ -31,6 +31,7 @@ import httpx
 
 from agentrl.engines.errors import EngineTimeoutError, EngineUnavailableError
 from agentrl.engines.sglang import SGLangEngine
+from agentrl.engines.vllm_lora import vllm_max_lora_rank
 
 __all__ = [
     "EngineServer",
@@ -99,8 +100,13 @@ def sglang_command(
     mem_fraction_static: float | None = None,
     seed: int | None = None,
     extra_args: Sequence[str] = (),
+    lora_rank: int | None = None,
 ) -> list[str]:
-    """The ``python -m sglang.launch_server`` command line agentrl uses: token ids in and out."""
+    """The ``python -m sglang.launch_server`` command line agentrl uses: token ids in and out.
+
+    ``lora_rank``: LoRA adapters of up to that rank on every linear layer SGLang adapts, loaded at
+    run time (``--enable-lora --max-lora-rank R --lora-target-modules all``; not verified against
+    a real SGLang here)."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
            "--port", str(port), "--tp-size", str(tp_size), "--skip-tokenizer-init"]  # fmt: skip
     if dtype:
@@ -109,6 +115,8 @@ def sglang_command(
         cmd += ["--mem-fraction-static", str(mem_fraction_static)]
     if seed is not None:
         cmd += ["--random-seed", str(seed)]
+    if lora_rank is not None:
+        cmd += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--lora-target-modules", "all"]
     return cmd + list(extra_args)
 
 
@@ -201,9 +209,12 @@ def find_vllm_python(python: str | None = None) -> str:
 
 def vllm_command(python: str, model_path: str, *, host: str = "127.0.0.1", port: int = 8000,
                  max_model_len: int = 4096, seed: int = 0, dtype: str = "auto",
-                 extra_args: Sequence[str] = ()) -> list[str]:  # fmt: skip
+                 extra_args: Sequence[str] = (), lora_rank: int | None = None) -> list[str]:  # fmt: skip
     """The vLLM API server command agentrl runs: token route only, logprobs of the sampled distribution,
-    vLLM's neutral sampling defaults (``--generation-config vllm``)."""
+    vLLM's neutral sampling defaults (``--generation-config vllm``); ``lora_rank``: one LoRA adapter of
+    up to that rank (``--max-lora-rank`` rounded up to a value vLLM accepts; :mod:`agentrl.engines.vllm_lora`)."""
+    lora = [] if lora_rank is None else ["--enable-lora", "--max-loras", "1",
+                                         "--max-lora-rank", str(vllm_max_lora_rank(lora_rank))]  # fmt: skip
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--host", host,
             "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--logprobs-mode", "processed_logprobs", "--tokens-only", "--disable-log-stats",
@@ -218,7 +229,7 @@ def vllm_command(python: str, model_path: str, *, host: str = "127.0.0.1", port:
             # partial (chunked) prefill, which its CPU generators cannot do (RuntimeError: CPU Generator does
             # not use offset), and the engine core dies; every agentrl request carries a seed
             "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, max_model_len)),
-            *(["--enforce-eager"] if not _cuda() else []), *extra_args]  # fmt: skip
+            *(["--enforce-eager"] if not _cuda() else []), *lora, *extra_args]  # fmt: skip
 
 
 def _cuda() -> bool:
@@ -252,20 +263,23 @@ def launch_vllm_server(
     threads: int = 1,
     startup_timeout_s: float = 600.0,
     host: str = "127.0.0.1",
+    lora_rank: int | None = None,
 ) -> EngineServer:
     """Start vLLM on ``model_path`` (a local directory) from its own environment; wait for ``/health``.
 
     ``host``: the address it binds and is reached at (a cluster node's own address on Ray).
+    ``lora_rank``: serve a LoRA adapter of up to that rank, loaded at run time (``VLLMEngine(lora_rank=...)``).
     """
     exe = find_vllm_python(python)
     port = port or free_port()
     dtype = "auto" if _cuda() else "float32"  # bf16 matmuls are several times slower than fp32 on a CPU
-    cmd = vllm_command(
-        exe, model_path, host=host, port=port, max_model_len=max_model_len, seed=seed, dtype=dtype
-    )
+    cmd = vllm_command(exe, model_path, host=host, port=port, max_model_len=max_model_len, seed=seed,
+                       dtype=dtype, lora_rank=lora_rank)  # fmt: skip
+    # mounts /v1/load_lora_adapter (vLLM's runtime adapter loading)
+    lora_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"} if lora_rank is not None else {}
     return launch_server(
         cmd, f"http://{host}:{port}", startup_timeout_s=startup_timeout_s, log_path=log_path,
-        env=vllm_env(threads),
+        env=vllm_env(threads) | lora_env,
     )  # fmt: skip
 
 
@@ -291,8 +305,12 @@ def start_engine(
     log_path: Path | None = None,
     startup_timeout_s: float = 600.0,
     timeout_s: float = 600.0,
+    lora_rank: int | None = None,
 ) -> tuple[Any, EngineServer | None]:
     """The engine client of ``kind`` (``vllm``/``sglang``) at ``url``, or on a server started here.
+
+    ``lora_rank``: the run trains a LoRA adapter of that rank; the server (started here, or the one at
+    ``url``, which must have been started so) serves it, pushed with ``update_adapter_from_path``.
 
     Returns ``(engine, server)``; ``server`` is None for an engine already running at ``url``, else
     the caller stops it (:meth:`EngineServer.stop`; it also dies with the caller).
@@ -304,11 +322,13 @@ def start_engine(
     if kind == "vllm":
         context = min(model_limits(path)[1], MAX_MODEL_LEN)
         if not url:
-            server = launch_vllm_server(path, log_path=log_path, python=python or None, seed=seed,
+            server = launch_vllm_server(path, log_path=log_path, python=python or None, seed=seed, lora_rank=lora_rank,
                                         max_model_len=context, startup_timeout_s=startup_timeout_s)  # fmt: skip
             url = server.base_url
         try:
-            return VLLMEngine(url, path, max_context=context, timeout_s=timeout_s), server
+            return VLLMEngine(
+                url, path, max_context=context, timeout_s=timeout_s, lora_rank=lora_rank
+            ), server
         except BaseException:
             if server is not None:
                 server.stop()
@@ -316,8 +336,8 @@ def start_engine(
     if kind == "sglang":
         if not url:
             server = launch_sglang_server(
-                path, port=free_port(), startup_timeout_s=startup_timeout_s, seed=seed
+                path, port=free_port(), startup_timeout_s=startup_timeout_s, seed=seed, lora_rank=lora_rank
             )
             url = server.base_url
-        return SGLangEngine(url, timeout_s=timeout_s), server
+        return SGLangEngine(url, timeout_s=timeout_s, lora_rank=lora_rank), server
     raise EngineUnavailableError(f"unknown engine kind {kind!r}; use hf, vllm or sglang")

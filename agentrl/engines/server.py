@@ -8,7 +8,8 @@ SGLang server alike. Endpoints:
   (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``stop_token_ids``,
   ``sampling_seed``, ``ignore_eos``; SGLang's other fields only at their defaults),
   ``return_logprob``, ``rid``, ``stream`` (one prompt: SGLang's server-sent chunks, cumulative
-  or with ``--incremental-streaming-output`` incremental; :mod:`agentrl.engines.server_stream`).
+  or with ``--incremental-streaming-output`` incremental; :mod:`agentrl.engines.server_stream`),
+  ``lora_path`` (the loaded adapter's name, or none: once loaded it serves every request).
   Response: ``output_ids`` and ``meta_info`` with ``id``,
   ``finish_reason`` (``{"type": "stop", "matched": id}`` / ``{"type": "length", "length": n}`` /
   ``{"type": "abort", ...}``), ``prompt_tokens``, ``completion_tokens``, ``cached_tokens``,
@@ -18,6 +19,8 @@ SGLang server alike. Endpoints:
   ``/update_weights_from_distributed``, ``/destroy_weights_update_group``:
   ``{"success", "message"}`` (400 with ``success: false`` when rejected). These routes are
   :mod:`agentrl.engines.weight_routes`' router, which the session server mounts over its own engine too.
+- ``POST /load_lora_adapter``, ``/unload_lora_adapter``: SGLang's dynamic LoRA routes, one adapter
+  replaced in place (:mod:`agentrl.engines.weight_routes`).
 - ``GET|POST /flush_cache``, ``POST /abort_request``, ``GET /health``, ``GET /health_generate``,
   ``GET /get_model_info``, ``GET /get_weight_version``, ``GET /get_server_info``.
 
@@ -186,6 +189,7 @@ def _per_item(body: dict[str, Any], name: str, default: Any, batched: bool, n: i
 async def generate(request: Request, eng: Served, tracked: Tracked) -> Response:
     body = await read_body(request)
     jobs, batched = _jobs(body, eng.vocab_size)
+    weight_routes.check_lora_path(request, body.get("lora_path"))
     logprob_flags = _per_item(body, "return_logprob", False, batched, len(jobs))
     if body.get("stream"):
         if batched:

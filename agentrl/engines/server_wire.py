@@ -75,7 +75,7 @@ _SAMPLING_IGNORED = {
 }
 
 GENERATE_FIELDS = {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "logprob_start_len",
-                    "top_logprobs_num", "return_text_in_logprobs", "log_metrics", "text"}  # fmt: skip
+                    "top_logprobs_num", "return_text_in_logprobs", "log_metrics", "text", "lora_path"}  # fmt: skip
 
 
 def sampling_from_sglang(sp: dict[str, Any] | None, vocab_size: int) -> SamplingParams:

@@ -29,16 +29,20 @@ from agentrl.engines.errors import (
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
-from agentrl.engines.protocol import FinishReason, Generation, TokenDelta, run_sync
+from agentrl.engines.protocol import EngineCapabilities, FinishReason, Generation, TokenDelta, run_sync
 from agentrl.engines.remote import RemoteEngine
 from agentrl.engines.sglang_stream import ChunkReader
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket
 from agentrl.engines.weights import broadcast_bucket, bucket_tensors, dtype_name, init_weight_update_group
 from agentrl.httpkit import ErrorAnswer, StatusMap
 from agentrl.httpkit.client import Answer
+from agentrl.models.lora import LoraError, read_adapter
 from agentrl.types import SamplingParams
 
-__all__ = ["SGLangEngine", "to_sglang_sampling"]
+__all__ = ["ADAPTER_NAME", "SGLangEngine", "to_sglang_sampling"]
+
+ADAPTER_NAME = "agentrl-lora"
+"""The one LoRA adapter a client loads on its server; every generation names it (``lora_path``)."""
 
 
 def to_sglang_sampling(params: SamplingParams) -> dict[str, Any]:
@@ -74,7 +78,11 @@ def _int_version(v: Any, default: int) -> int:
 
 
 class SGLangEngine(RemoteEngine):
-    """Engine protocol over HTTP (see the module docstring). ``base_url`` like ``http://127.0.0.1:30000``."""
+    """Engine protocol over HTTP (see the module docstring). ``base_url`` like ``http://127.0.0.1:30000``.
+
+    ``lora_rank``: the rank the server was started for (``--max-lora-rank``), when known: an adapter
+    above it is refused here, before any call (:meth:`update_adapter_from_path`).
+    """
 
     _ABORT_PATH = "/abort_request"
     _STATE_DICT_REFUSAL = (
@@ -93,6 +101,7 @@ class SGLangEngine(RemoteEngine):
         retries: int = 3,
         api_key: str | None = None,
         weight_version: int = 0,
+        lora_rank: int | None = None,
     ) -> None:
         super().__init__(
             base_url,
@@ -102,6 +111,8 @@ class SGLangEngine(RemoteEngine):
             api_key=api_key,
             weight_version=weight_version,
         )
+        self.lora_rank = lora_rank
+        self._adapter_path: str | None = None  # the adapter the server holds for this client
         self._groups: dict[str, Any] = {}
         self._joined: set[str] = set()  # weight groups the server joined for this client; close() leaves them
 
@@ -118,6 +129,8 @@ class SGLangEngine(RemoteEngine):
             "return_logprob": True,
             "rid": rid,
         }
+        if self._adapter_path is not None:
+            body["lora_path"] = ADAPTER_NAME  # SGLang's field names a loaded adapter, not a directory
         return rid, body
 
     async def generate(
@@ -189,6 +202,66 @@ class SGLangEngine(RemoteEngine):
         self._raise_for(resp, "/flush_cache")
 
     # ------------------------------------------------------------------ weights
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """A checkpoint path, a weight group, or a LoRA adapter directory (the server decides whether it
+        serves adapters: ``agentrl serve-engine`` always does, a real SGLang when started with ``--enable-lora``)."""
+        return EngineCapabilities(state_dict=False, checkpoint=True, distributed=True, adapter=True)
+
+    async def update_adapter_from_path(
+        self, path: str | os.PathLike[str], *, version: int | None = None
+    ) -> int:
+        """Load the PEFT adapter directory ``path`` (the server reads it) in place of this client's adapter.
+
+        SGLang's dynamic LoRA API (docs.sglang.io, "LoRA Serving"; ``/load_lora_adapter`` takes
+        ``lora_name`` + ``lora_path``, ``/unload_lora_adapter`` ``lora_name``, and ``/generate``'s
+        ``lora_path`` names a loaded adapter). ``agentrl serve-engine`` replaces the adapter in place
+        when the same name is loaded again, atomically between two decode steps. A real SGLang
+        refuses a name it holds; the adapter is then unloaded and loaded again (requests sent in
+        between fail there), and if the new one is refused the previous one is loaded back. The
+        version is sent as ``weight_version`` (serve-engine sets it; SGLang's routes have no such
+        field, and tokens carry the version this client set). **Not verified against a real SGLang
+        server.**
+        """
+        new = self._next_version(version)
+        spec, _, _ = read_adapter(path)
+        if self.lora_rank is not None and spec.rank > self.lora_rank:
+            raise LoraError(
+                f"adapter {str(path)!r} has rank {spec.rank}, above the server's lora_rank {self.lora_rank}; "
+                "start the server (and the client) with a lora_rank >= the adapter's"
+            )
+        resp = await self._load_adapter(str(path), new)
+        if not self._loaded(resp) and self._adapter_path is not None and "already" in self._message(resp):
+            await self._call("POST", "/unload_lora_adapter", {"lora_name": ADAPTER_NAME})
+            resp = await self._load_adapter(str(path), new)
+            if not self._loaded(resp):
+                back = await self._load_adapter(self._adapter_path, self._version)
+                if not self._loaded(back):
+                    self._adapter_path = None
+        if not self._loaded(resp):
+            raise WeightUpdateError(
+                f"{self.base_url}/load_lora_adapter refused {str(path)!r} ({resp.status}): {self._message(resp)}"
+            )
+        self._adapter_path = str(path)
+        self._version = new
+        return new
+
+    async def _load_adapter(self, path: str, version: int) -> Answer:
+        body = {"lora_name": ADAPTER_NAME, "lora_path": path, "weight_version": str(version)}
+        return await self._call("POST", "/load_lora_adapter", body)
+
+    @staticmethod
+    def _loaded(resp: Answer) -> bool:
+        return (
+            resp.status == 200 and ErrorAnswer.read(resp.status, resp.body).body.get("success", True) is True
+        )
+
+    @staticmethod
+    def _message(resp: Answer) -> str:
+        """SGLang's ``error_message`` (its LoRA routes), else the usual error fields."""
+        answer = ErrorAnswer.read(resp.status, resp.body)
+        return str(answer.body.get("error_message") or answer.message)
 
     async def update_weights(
         self,

@@ -40,7 +40,8 @@ refuses to generate (:class:`EngineUnavailableError`). The RL endpoints used her
 in vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``), which
 :func:`agentrl.engines.launcher.launch_vllm_server` sets. One client owns a server's weights:
 two trainers updating one server would interleave their versions. Another client of the same
-server (with no salt, or its own) is protected by the checked reset of step 4.
+server (with no salt, or its own) is protected by the checked reset of step 4. LoRA adapters
+(``update_adapter_from_path``, a server started with ``lora_rank``): :mod:`agentrl.engines.vllm_lora`.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from agentrl.engines.errors import (
 from agentrl.engines.hf import SamplingLike, parse_sampling
 from agentrl.engines.protocol import FinishReason, Generation, TokenDelta, check_prompt
 from agentrl.engines.remote import RemoteEngine
+from agentrl.engines.vllm_lora import VLLMAdapters
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket
 from agentrl.httpkit import StatusMap
 from agentrl.types import SamplingParams
@@ -119,8 +121,9 @@ def model_limits(model_path: str | os.PathLike[str]) -> tuple[int, int]:
     return int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 4096))
 
 
-class VLLMEngine(RemoteEngine):
-    """Engine protocol over a vLLM server (see the module docstring).
+class VLLMEngine(VLLMAdapters, RemoteEngine):
+    """Engine protocol over a vLLM server (see the module docstring); ``lora_rank``: a server started
+    for LoRA adapters (:mod:`agentrl.engines.vllm_lora`), which then takes adapters only.
 
     ``model_path`` is the local directory the server was started from: its ``config.json``
     bounds the prompts checked here (vocabulary, ``max_context``, default the server's
@@ -147,6 +150,7 @@ class VLLMEngine(RemoteEngine):
         retries: int = 3,
         api_key: str | None = None,
         weight_version: int = 0,
+        lora_rank: int | None = None,
     ) -> None:
         super().__init__(
             base_url,
@@ -168,6 +172,7 @@ class VLLMEngine(RemoteEngine):
         # the prefix-cache salt of the weights this client set (none before its first update)
         self._salt: str | None = None
         self.stats = {"updates": 0, "rejected_updates": 0, "rollbacks": 0}
+        self._init_adapters(lora_rank)
 
     # ------------------------------------------------------------------ generation
 
@@ -189,7 +194,7 @@ class VLLMEngine(RemoteEngine):
         }
         if self._salt is not None:  # only KV computed by the weights this request was sent under
             body["cache_salt"] = self._salt
-        return ids, rid, body
+        return ids, rid, body | self._adapter_fields()
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
@@ -197,7 +202,7 @@ class VLLMEngine(RemoteEngine):
         ids, rid, body = self._request(input_ids, sampling, request_id)
         submitted = self._version
         out = await self._post_generation("/inference/v1/generate", body, rid)
-        return self._generation(out, rid, len(ids), submitted)
+        return self._base_labels(self._generation(out, rid, len(ids), submitted), body)
 
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingLike = None, *, request_id: str | None = None
@@ -234,7 +239,9 @@ class VLLMEngine(RemoteEngine):
                 for key in ("finish_reason", "weight_versions"):
                     final[key] = choice.get(key) or final[key]
         choice = {"token_ids": out_ids, "logprobs": {"content": content}, **final}
-        yield self._generation({"choices": [choice], "usage": usage}, rid, len(ids), submitted)
+        yield self._base_labels(
+            self._generation({"choices": [choice], "usage": usage}, rid, len(ids), submitted), body
+        )
 
     def _generation(self, out: dict[str, Any], rid: str, prompt_len: int, submitted: int) -> Generation:
         """The answer as a ``Generation``: vLLM's spans label their tokens; any token outside them, or all
@@ -352,18 +359,19 @@ class VLLMEngine(RemoteEngine):
         self, path: str | os.PathLike[str], *, version: int | None = None
     ) -> int:
         """Reload all weights from a safetensors directory the server can read (see the module docstring)."""
+        self._refuse_full_update("update_weights_from_path")
         new = self._next_version(version)
         self._check_update(path)
         await self._atomic_update(new, lambda: self._reload(str(path)), good_path=str(path))
         return new
 
-    async def _atomic_update(
-        self, new: int, load: Callable[[], Awaitable[None]], *, good_path: str | None = None
-    ) -> None:
+    async def _atomic_update(self, new: int, load: Callable[[], Awaitable[None]], *, good_path: str | None = None,
+                             restore: Callable[[], Awaitable[None]] | None = None) -> None:  # fmt: skip
         """Pause, ``load`` the new weights, reset the prefix cache (checked), set version ``new``, resume.
 
         A ``load`` or reset that fails (or times out) is rolled back (:meth:`_rollback`);
-        ``good_path``, when given, becomes the rollback target once the update is in.
+        ``good_path``, when given, becomes the rollback target once the update is in; ``restore``
+        replaces the rollback (an adapter's: :mod:`agentrl.engines.vllm_lora`).
         """
         async with self._lock:
             await self._post_ok(
@@ -376,7 +384,7 @@ class VLLMEngine(RemoteEngine):
                         raise WeightUpdateError(f"{why}; the update was rolled back")
                 except EngineError:  # refused, or no answer (a timeout): the server's state is unknown
                     self.stats["rollbacks"] += 1
-                    await self._rollback()
+                    await (restore or self._rollback)()
                     raise
                 await self._post_ok(
                     "/update_weight_version", {"new_version": str(new)}, "setting the version"
@@ -420,6 +428,7 @@ class VLLMEngine(RemoteEngine):
 
     async def _join_weight_group(self, join: GroupJoin) -> None:
         """The server's worker joins the trainer's gloo group as ``rank_offset`` (returns when joined)."""
+        self._refuse_full_update("a weight group")
         if join.backend != "gloo":
             raise UnsupportedWeightUpdateError(
                 f"backend {join.backend!r}: VLLMEngine's weight groups are gloo only so far (NCCL into vLLM's "

@@ -117,6 +117,25 @@ def _refresh_head(worker: Any) -> list[str]:
 class WorkerExtension(WorkerExtensionGroups):
     """Mixed into vLLM's worker class (``self`` is the worker: ``model_runner``, ``reload_weights``)."""
 
+    def agentrl_load_lora(self, lora_name: str, lora_path: str) -> dict[str, Any]:
+        """Replace the one LoRA adapter this worker holds with the one at ``lora_path``, under its LoRA id.
+
+        vLLM's own in-place load (``/v1/load_lora_adapter`` with ``load_inplace``) stores the flag in
+        the request that every later generation carries, and the worker then reloads that request's
+        directory at every step: a request sent before an update put its old adapter back in the
+        slot the new one had just filled. Here the requests keep the first load's plain request
+        (the id already loaded: nothing to reload), and the worker loads the new tensors once,
+        validated before they replace the old ones (``load_inplace`` on this call only).
+        """
+        from vllm.lora.request import LoRARequest
+
+        ids = sorted(self.list_loras())  # type: ignore[attr-defined]
+        if len(ids) != 1:
+            raise ValueError(f"expected one loaded LoRA adapter to replace, found ids {ids}")
+        request = LoRARequest(lora_name=lora_name, lora_int_id=ids[0], lora_path=lora_path, load_inplace=True)
+        self.add_lora(request)  # type: ignore[attr-defined]
+        return {"lora_int_id": ids[0], "path": lora_path}
+
     def agentrl_reload(self, weights_path: str) -> dict[str, Any]:
         """Reload every weight from ``weights_path`` in place, then refresh what derives from tied tensors."""
         self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
