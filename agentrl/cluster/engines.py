@@ -48,7 +48,7 @@ class EngineActor(ServerActor):
         self.name = name
 
     def start(self, kind: str, model_path: str, seed: int, log_path: str, startup_timeout_s: float,
-              python: str = "", threads: int = 1) -> str:  # fmt: skip
+              python: str = "", threads: int = 1, lora_rank: int | None = None) -> str:  # fmt: skip
         from agentrl.engines import launcher
 
         port = launcher.free_port()
@@ -60,6 +60,7 @@ class EngineActor(ServerActor):
             self.server = launcher.launch_vllm_server(
                 model_path, log_path=Path(log_path), python=python or None, port=port, seed=seed,
                 max_model_len=context, threads=threads, startup_timeout_s=startup_timeout_s, host=host,
+                lora_rank=lora_rank,
             )  # fmt: skip
         else:
             cmd = [sys.executable, "-m", "agentrl.cli", "serve-engine", "--model", model_path, "--host", host,
@@ -98,7 +99,9 @@ class RayEngines(SupervisedActors):
         placement_timeout_s: float = 60.0,
         check_every_s: float = 2.0,
         placement: Placement | None = None,
+        lora_rank: int | None = None,
     ) -> None:
+        """``lora_rank``: the run trains a LoRA adapter of that rank (vLLM replicas start with LoRA on)."""
         if replicas < 1:
             raise ClusterError(f"replicas={replicas}: need at least 1 engine replica")
         if placement is not None and len(placement.bundles) != replicas:
@@ -108,6 +111,7 @@ class RayEngines(SupervisedActors):
         self._init_actors(replicas)
         self.kind, self.model_path = kind, model_path
         self.cpus, self.gpus, self.seed, self.python = cpus, gpus, seed, python
+        self.lora_rank = lora_rank
         self.log_dir = Path(log_dir) if log_dir is not None else Path(os.environ.get("TMPDIR", "/tmp"))
         self.startup_timeout_s, self.timeout_s = startup_timeout_s, timeout_s
         self._started_ray = connect(address)
@@ -147,6 +151,7 @@ class RayEngines(SupervisedActors):
             self.startup_timeout_s,
             self.python,
             threads,
+            self.lora_rank,
         )
 
     def _client(self, url: str) -> Engine:
@@ -155,7 +160,8 @@ class RayEngines(SupervisedActors):
             from agentrl.engines.vllm import VLLMEngine, model_limits
 
             context = min(model_limits(self.model_path)[1], MAX_MODEL_LEN)
-            return VLLMEngine(url, self.model_path, max_context=context, timeout_s=self.timeout_s)
+            return VLLMEngine(url, self.model_path, max_context=context, timeout_s=self.timeout_s,
+                              lora_rank=self.lora_rank)  # fmt: skip
         from agentrl.engines.sglang import SGLangEngine
 
         return SGLangEngine(url, timeout_s=self.timeout_s)

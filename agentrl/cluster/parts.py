@@ -83,6 +83,7 @@ class RayParts:
                 log_dir=run_dir, python=m.engine_python, startup_timeout_s=m.engine_startup_s,
                 timeout_s=max(300.0, r.episode_timeout_s), placement_timeout_s=c.placement_timeout_s,
                 placement=share.engines if share else None,
+                lora_rank=cfg.lora.rank if cfg.lora.enabled else None,
             )  # fmt: skip
             if share is not None and share.envs is not None:
                 self.envs = RayEnvServers(

@@ -279,7 +279,9 @@ class RolloutManager:
         try:
             task, _ = await _areset(env, seed)
             sampling = turn_sampler(
-                temperature, self.max_new_tokens, lambda turn: self._sampling_seed(salt, seed, index, turn, attempt)
+                temperature,
+                self.max_new_tokens,
+                lambda turn: self._sampling_seed(salt, seed, index, turn, attempt),
             )
             where = f"{'eval' if salt < 0 else f'step-{salt}'}/{group_id}-{index}-a{attempt}"
             play = await self.agent.play(env, list(task), sampling, where)

@@ -213,3 +213,25 @@ def test_an_adapter_is_refused_by_a_client_made_without_lora(server: EngineServe
             run_sync(plain.update_adapter_from_path(tmp_path), timeout_s=30, what="adapter update")
     finally:
         plain.close()
+
+
+def test_a_lora_run_on_vllm_pushes_only_the_adapter_and_samples_what_the_trainer_scores(
+    server: EngineServer, tmp_path: Path
+) -> None:
+    """`agentrl train --lora-rank 8 --engine vllm`: every step's sync is the adapter (a PEFT directory
+    vLLM loads in place), and the trainer scores vLLM's sampled tokens as vLLM did."""
+    from agentrl.cli import main
+    from agentrl.trainer.metrics import read_jsonl
+
+    run = tmp_path / "run"
+    argv = ["train", "--env", "countdown", "--engine", "vllm", "--engine-url", server.base_url,
+            "--lora-rank", str(RANK), "--steps", "2", "--tasks-per-step", "4", "--group-size", "4",
+            "--eval-episodes", "4", "--eval-every", "0", "--sft-steps", "3", "--run-dir", str(run),
+            "--no-progress", "--no-tensorboard"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["sync/version"] for r in rows] == [1.0, 2.0]
+    for r in rows:
+        assert 0 < r["sync/bytes"] < r["sync/full_bytes"] / 5
+        assert r["train/mismatch_abs_logp"] < 1e-4
+    assert (run / "checkpoints" / "step-2" / "adapter_config.json").is_file()
