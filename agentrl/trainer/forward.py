@@ -217,12 +217,13 @@ def _chunk(
     logits = head(states).float()  # float32 logprobs also from bf16 (autocast) logits
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if not entropy:
         return logp, logits.new_zeros(0)
     # last: a checkpoint's recompute stops once backward has what it needs (no gradient: never)
     with torch.set_grad_enabled(torch.is_grad_enabled() and grad):
-        return logp, L.entropy_from_logits(logits)
+        return logp, -(logp_all.exp() * logp_all).sum(-1)  # L.entropy_from_logits, its log_softmax reused
 
 
 def chunked_scores(
