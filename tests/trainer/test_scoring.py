@@ -187,3 +187,15 @@ def test_two_bf16_train_steps_on_cpu_learn_and_report_the_mismatch():
     assert all(s["exp_avg"].dtype == torch.float32 for s in be.optimizer.state.values())
     moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
     assert len(moved) > len(before) // 2
+
+
+def test_ppo_critic_reads_the_same_hidden_state_through_the_trunk():
+    values = []
+    for chunk in (0, CHUNK):
+        be = make_backend(
+            tiny_model(), AlgoConfig(algo="ppo"), OptimConfig(score_chunk_tokens=chunk), value_head=True
+        )
+        assert be.value_head is not None
+        torch.nn.init.normal_(be.value_head.proj.weight)  # a critic that reads the hidden state
+        values.append(be.values(fixed_batch()))
+    torch.testing.assert_close(values[1], values[0], atol=1e-6, rtol=1e-5)
