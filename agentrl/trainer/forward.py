@@ -243,23 +243,16 @@ def chunked_scores(
     :func:`token_scores`'s, ``entropy_grad`` included.
     """
     N = states.shape[0]
-    step = chunk_tokens if chunk_tokens > 0 else max(N, 1)
+    if N == 0:
+        empty = states.new_zeros(0, dtype=torch.float32)
+        return empty, empty if entropy else None
+    step = chunk_tokens if chunk_tokens > 0 else N
     ckpt = torch.is_grad_enabled() and step < N
     lps, ents = [], []
     for i in range(0, N, step):
-        args: tuple[Any, ...] = (
-            states[i : i + step],
-            targets[i : i + step],
-            head,
-            temperature,
-            entropy,
-            entropy_grad,
-        )
+        args: tuple[Any, ...] = (states[i : i + step], targets[i : i + step], head, temperature)
+        args += (entropy, entropy_grad)
         lp, en = checkpoint(_chunk, *args, use_reentrant=False) if ckpt else _chunk(*args)
         lps.append(lp)
         ents.append(en)
-    if not lps:
-        return states.new_zeros(0, dtype=torch.float32), states.new_zeros(
-            0, dtype=torch.float32
-        ) if entropy else None
     return torch.cat(lps), torch.cat(ents) if entropy else None

@@ -167,12 +167,13 @@ def test_bf16_scores_in_float32_close_to_fp32(chunk):
     assert 0 < diff.max() < 0.1, diff.max()
 
 
-def test_two_bf16_train_steps_on_cpu_learn_and_report_the_mismatch():
+@pytest.mark.parametrize("make_batch", [fixed_batch, grouped_batch], ids=["plain", "shared-prompt"])
+def test_two_bf16_train_steps_on_cpu_learn_and_report_the_mismatch(make_batch):
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     be = make_backend(model, AlgoConfig(), OptimConfig(precision="bf16", lr=1e-2, score_chunk_tokens=CHUNK))
     assert be.dtype == torch.bfloat16
-    batch = fixed_batch()
+    batch = make_batch()
     # the behaviour logprobs of an fp32 sampler: the bf16 trainer's mismatch against it is measured
     fp32 = make_backend(tiny_model(), AlgoConfig(), OptimConfig(precision="fp32"))
     batch.old_logp = fp32.logprobs(batch)
@@ -199,3 +200,29 @@ def test_ppo_critic_reads_the_same_hidden_state_through_the_trunk():
         torch.nn.init.normal_(be.value_head.proj.weight)  # a critic that reads the hidden state
         values.append(be.values(fixed_batch()))
     torch.testing.assert_close(values[1], values[0], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_agentrl_train_with_precision_bf16_runs_two_steps_on_cpu(tmp_path):
+    """`agentrl train --precision bf16` on CPU: finite losses and gradients, and the mismatch of the
+    bf16 trainer against the fp32 embedded engine reported (small, not zero)."""
+    from rich.console import Console
+
+    from agentrl.trainer.config import resolve as resolve_cfg
+    from agentrl.trainer.loop import train
+    from agentrl.trainer.metrics import read_jsonl
+
+    run = tmp_path / "run"
+    cfg = resolve_cfg(
+        model="tiny-qwen3", env=f"{Path(__file__).with_name('_dense_env.py')}:VowelEnv", steps=2, sft_steps=0,
+        group_size=4, tasks_per_step=4, max_new_tokens=16, eval_every=0, eval_episodes=4, progress=False,
+        tensorboard=False, precision="bf16", score_chunk_tokens=8, lr=1e-3, run_dir=str(run),
+    )  # fmt: skip
+    assert cfg.optim.precision == "bf16"
+    train(cfg, console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(rows) == 2
+    for r in rows:
+        assert torch.isfinite(torch.tensor([r["train/loss"], r["train/grad_norm"]])).all(), r
+        assert r["train/grad_norm"] > 0
+        assert 0 < r["train/mismatch_abs_logp"] < 0.05, r["train/mismatch_abs_logp"]
