@@ -152,8 +152,7 @@ class FSDP2Backend:
         self.share_prompts = share_prompts and self._logits_to_keep and bool(self._cache_kw)
         self.share_prompts &= attn in ("sdpa", "eager") and not activation_checkpointing and not self.sharded
         self.dtype = compute_dtype(optim.precision, self.device)  # bf16: autocast, or FSDP2's policy
-        # chunked scoring calls the trunk and the LM head apart: not under FSDP2, which gathers on forward
-        self.score_chunk = 0 if self.sharded else optim.score_chunk_tokens
+        self.score_chunk = optim.score_chunk_tokens if self._logits_to_keep or not self.sharded else 0
         if self.sharded:
             self._shard(cpu_offload)
         self.lora = is_lora(model)  # --lora-rank: the adapter trains, syncs and is saved alone
@@ -220,7 +219,8 @@ class FSDP2Backend:
                 scored = shared_logits(model, mb, plan, self._cache_kw, self.score_chunk)
             else:
                 start = first_trained_column(mb.loss_mask) if window and self._logits_to_keep else 0
-                scored = plain_logits(model, mb, start, hidden=want_values, chunk_tokens=self.score_chunk)
+                whole = self.sharded and model is self.model  # FSDP2's hooks run on the model's forward
+                scored = plain_logits(model, mb, start, want_values, self.score_chunk, whole)
             logp, ent = token_scores(scored, T, entropy, entropy_grad=self.algo.entropy_coef > 0)
         values = None
         if want_values and self.value_head is not None and scored.hidden is not None:

@@ -18,7 +18,7 @@ samples, so PPO's ratio, the off-policy weights, the KL and the entropy all comp
 :class:`ValueHead` is PPO's critic on the last hidden state.
 
 **Chunked scoring** (``chunk_tokens > 0``, ``--score-chunk-tokens``): the forward stops at the
-trunk's last hidden states (:func:`lm_parts`) and :func:`chunked_scores` runs LM head, ``/ T``,
+trunk's last hidden states (:func:`lm_parts`; sharded, the model's own ``output_hidden_states``) and :func:`chunked_scores` runs LM head, ``/ T``,
 ``log_softmax`` and the gather on ``chunk_tokens`` positions at a time, each chunk under
 ``torch.utils.checkpoint``: backward recomputes one chunk's logits at a time, so the peak is
 ``O(chunk x vocab)`` instead of the micro-batch's full-vocabulary logits (at a 151,936-token
@@ -115,13 +115,20 @@ def first_trained_column(loss_mask: torch.Tensor) -> int:
 
 
 def plain_logits(
-    model: nn.Module, mb: TrainBatch, start: int = 0, hidden: bool = False, chunk_tokens: int = 0
+    model: nn.Module,
+    mb: TrainBatch,
+    start: int = 0,
+    hidden: bool = False,
+    chunk_tokens: int = 0,
+    whole: bool = False,
 ) -> Scored:
     """One forward over the whole rows; the LM head runs on positions ``start .. T - 2`` only.
 
     ``start > 0`` needs a model that takes ``logits_to_keep``. ``hidden`` also returns the last
     hidden state (for a value head). ``chunk_tokens > 0`` (and a model :func:`lm_parts` splits)
-    stops at the trunk: the head runs later, in chunks (:func:`token_scores`).
+    stops at the trunk: the head runs later, in chunks (:func:`token_scores`). ``whole`` (FSDP2,
+    whose hooks gather the root's weights on the model's own forward and keep them for backward)
+    gets the last hidden states from the model's forward with the head on one position instead.
     """
     T = mb.input_ids.shape[1]
 
@@ -131,7 +138,15 @@ def plain_logits(
     parts = lm_parts(model) if chunk_tokens > 0 else None
     if parts is not None:
         trunk, head = parts
-        h = trunk(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
+        if whole:
+            h = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_hidden_states=True,
+                use_cache=False, logits_to_keep=1,
+            ).hidden_states[-1]  # fmt: skip
+        else:
+            h = trunk(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
+            ).last_hidden_state
         return Scored(
             logits=None, targets=mb.input_ids[:, start + 1 :], place=place, hidden=h if hidden else None,
             states=h[:, start:-1], head=head, chunk_tokens=chunk_tokens,
