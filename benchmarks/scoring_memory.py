@@ -128,7 +128,8 @@ def main() -> int:
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for n, mem, times in table:
         for c in chunks:
-            ratio = "" if c == 0 else f"{mem[0]['growth_mb'] / max(mem[c]['growth_mb'], 1):.1f}x less"
+            less = mem[0]["growth_mb"] / mem[c]["growth_mb"]
+            ratio = "" if c == 0 else f"{less:.1f}x less" if less >= 1 else f"{1 / less:.1f}x more"
             paired = [a / b for a, b in zip(times[c], times[0], strict=True)]
             speed = "" if c == 0 else f"{statistics.median(paired):.2f}x"
             print(f"| {n * args.rows:,} | {c or 'off'} | {mem[c]['growth_mb']:,.0f} | "
