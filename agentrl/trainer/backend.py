@@ -7,9 +7,8 @@ behind it later. :class:`FSDP2Backend` implements it with
 the root when a process group of more than one rank exists (``torchrun``; gloo
 on CPU, NCCL on GPU). With world size 1 the model is trained unsharded in-process,
 which is the same maths without collective overhead (``shard="always"`` forces FSDP2
-even then). On GPU, parameters are computed in bf16 and gradients reduced in fp32
-(``MixedPrecisionPolicy``); on CPU everything is fp32 (bf16 matmuls are several
-times slower on CPUs without AMX).
+even then). ``optim.precision`` (:mod:`agentrl.trainer.precision`) computes in bf16 over fp32
+weights: under autocast, or FSDP2's ``MixedPrecisionPolicy`` (gradients reduced in fp32).
 
 Exactness across micro-batches and ranks: each micro-batch loss is divided by
 the *global* token (or sequence) count of the mini-batch, summed over all ranks,
@@ -42,6 +41,7 @@ from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError
 from agentrl.trainer.forward import ValueHead, first_trained_column, plain_logits, shared_logits, token_scores
 from agentrl.trainer.offpolicy import mismatch_stats
+from agentrl.trainer.precision import autocast, compute_dtype
 from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys
 
 __all__ = ["FSDP2Backend", "Objective", "TrainBackend", "ValueHead", "decoder_layers"]
@@ -149,14 +149,10 @@ class FSDP2Backend:
         # cache off, nor yet under FSDP2 sharding, which frees the weights gathered for the prompt's
         # forward before its backward
         attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
-        self.share_prompts = (
-            share_prompts
-            and self._logits_to_keep
-            and bool(self._cache_kw)
-            and attn in ("sdpa", "eager")
-            and not activation_checkpointing
-            and not self.sharded
-        )
+        self.share_prompts = share_prompts and self._logits_to_keep and bool(self._cache_kw)
+        self.share_prompts &= attn in ("sdpa", "eager") and not activation_checkpointing and not self.sharded
+        self.dtype = compute_dtype(optim.precision, self.device)  # bf16: autocast, or FSDP2's policy
+        self.score_chunk = optim.score_chunk_tokens if self._logits_to_keep or not self.sharded else 0
         if self.sharded:
             self._shard(cpu_offload)
         self.lora = is_lora(model)  # --lora-rank: the adapter trains, syncs and is saved alone
@@ -179,10 +175,10 @@ class FSDP2Backend:
         if not dist.is_initialized():
             raise BackendError("shard='always' needs an initialised process group (run under torchrun)")
         kw: dict[str, Any] = {}
-        if self.device.type == "cuda":
-            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if cpu_offload:
-                kw["offload_policy"] = CPUOffloadPolicy()
+        if self.dtype != torch.float32:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
+        if self.device.type == "cuda" and cpu_offload:
+            kw["offload_policy"] = CPUOffloadPolicy()
         for layer in decoder_layers(self.model):
             fully_shard(layer, **kw)
         fully_shard(self.model, **kw)
@@ -211,23 +207,25 @@ class FSDP2Backend:
         prompt. ``prompts`` are the rows' :func:`~agentrl.trainer.prefix.prompt_keys` when the
         caller has them. ``entropy`` is the policy's per-token entropy, differentiable only
         when the entropy bonus is on. Both are of ``softmax(logits / temperature)``, the
-        backend's sampling temperature unless given. The forward itself is
-        :mod:`agentrl.trainer.forward`.
+        backend's sampling temperature unless given, in float32 (under bf16 autocast too). The
+        forward itself is :mod:`agentrl.trainer.forward`.
         """
         plan = None
         if window and self.share_prompts and not want_values:
             plan = plan_shared_prompts(mb.input_ids, mb.attention_mask, mb.loss_mask, keys=prompts)
-        if plan is not None:
-            scored = shared_logits(model, mb, plan, self._cache_kw)
-        else:
-            start = first_trained_column(mb.loss_mask) if window and self._logits_to_keep else 0
-            scored = plain_logits(model, mb, start, hidden=want_values)
+        T = self.temperature if temperature is None else temperature
+        with autocast(self.device, torch.float32 if self.sharded else self.dtype):
+            if plan is not None:
+                scored = shared_logits(model, mb, plan, self._cache_kw, self.score_chunk)
+            else:
+                start = first_trained_column(mb.loss_mask) if window and self._logits_to_keep else 0
+                whole = self.sharded and model is self.model  # FSDP2's hooks run on the model's forward
+                scored = plain_logits(model, mb, start, want_values, self.score_chunk, whole)
+            logp, ent = token_scores(scored, T, entropy, entropy_grad=self.algo.entropy_coef > 0)
         values = None
         if want_values and self.value_head is not None and scored.hidden is not None:
-            # the value of the state before token t scores token t, like the logprob
+            # the value of the state before token t scores token t, like the logprob (in float32)
             values = self.value_head(scored.hidden[:, :-1].float())
-        T = self.temperature if temperature is None else temperature
-        logp, ent = token_scores(scored, T, entropy, entropy_grad=self.algo.entropy_coef > 0)
         return logp, ent, values
 
     @torch.no_grad()

@@ -224,17 +224,17 @@ class OptimConfig:
     """linear learning-rate warm-up, in optimizer updates"""
     micro_batch_tokens: int = 8192
     """token budget of one forward/backward micro-batch (padded tokens)"""
+    score_chunk_tokens: int = 1024
+    """score logprobs this many positions at a time (LM head, softmax, entropy), so no micro-batch holds its full-vocabulary logits (0 = off)"""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """compute dtype of the update: bf16 (autocast; float32 weights, optimizer and logprobs), fp32; auto = bf16 on CUDA, fp32 on CPU"""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
             _fail("optim", "lr", self.lr, "must be > 0")
-        if self.grad_clip < 0 or self.weight_decay < 0 or self.warmup_steps < 0:
-            _fail(
-                "optim",
-                "grad_clip/weight_decay/warmup_steps",
-                (self.grad_clip, self.weight_decay, self.warmup_steps),
-                "must be >= 0",
-            )
+        if min(self.grad_clip, self.weight_decay, self.warmup_steps, self.score_chunk_tokens) < 0:
+            _fail("optim", "grad_clip/weight_decay/warmup_steps/score_chunk_tokens", (self.grad_clip,
+                  self.weight_decay, self.warmup_steps, self.score_chunk_tokens), "must be >= 0")  # fmt: skip
         if self.micro_batch_tokens < 16:
             _fail("optim", "micro_batch_tokens", self.micro_batch_tokens, "must be >= 16")
 

@@ -96,12 +96,17 @@ def _cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
 
 
 def shared_prompt_logits(
-    model: nn.Module, input_ids: torch.Tensor, plan: PromptPlan, cache_kw: str = "cache"
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    plan: PromptPlan,
+    cache_kw: str = "cache",
+    trunk: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Both forwards; returns the suffix logits ``(B, S, V)``, their targets ``(B, S)`` and columns ``(B, S)``.
 
     ``cache_kw`` is the name of the model's KV-cache argument (``cache`` in recent
-    transformers, ``past_key_values`` before).
+    transformers, ``past_key_values`` before). With ``trunk`` (the model's decoder without its LM
+    head) the suffix runs through it and its last hidden states ``(B, S, H)`` stand for the logits.
 
     Suffix position ``q`` of row ``r`` is absolute position ``c = prefix_len[r] + q``; its
     logits score token ``c + 1``, i.e. column ``c`` of the backend's ``(B, T - 1)`` logprobs.
@@ -109,7 +114,7 @@ def shared_prompt_logits(
     which :func:`scatter_columns` drops.
     """
     kv, seen_prompt = _prompt_forward(model, plan, input_ids.device, cache_kw)
-    return _suffix_forward(model, input_ids, plan, kv, seen_prompt, cache_kw)
+    return _suffix_forward(trunk or model, input_ids, plan, kv, seen_prompt, cache_kw)
 
 
 def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -160,7 +165,8 @@ def _suffix_forward(
     seen_prompt: torch.Tensor,
     cache_kw: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every row's tokens after its prompt, right-padded to ``S``, attending to its prompt's cache."""
+    """Every row's tokens after its prompt, right-padded to ``S``, attending to its prompt's cache
+    (``model``'s logits, or the last hidden states when ``model`` is the trunk)."""
     device = input_ids.device
     B, T = input_ids.shape
     P = seen_prompt.shape[1]
@@ -183,7 +189,8 @@ def _suffix_forward(
         **{cache_kw: _cache(kv)},
     )
     # unscored positions go to distinct columns past T - 2, which the caller drops
-    return out.logits, targets, torch.where(scored, cols, T - 1 + q[None])
+    last = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    return last, targets, torch.where(scored, cols, T - 1 + q[None])
 
 
 def scatter_columns(values: torch.Tensor, cols: torch.Tensor, width: int) -> torch.Tensor:

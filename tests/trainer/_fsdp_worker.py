@@ -19,7 +19,7 @@ from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
 from agentrl.trainer.distributed import init_distributed, shutdown_distributed  # noqa: E402
 
 
-def main(out: str, decoupled: bool = False) -> None:
+def main(out: str, decoupled: bool = False, chunk: int = 1024) -> None:
     torch.set_num_threads(1)
     rank, world = init_distributed()
     model = tiny_model()
@@ -29,7 +29,7 @@ def main(out: str, decoupled: bool = False) -> None:
     be = FSDP2Backend(
         model,
         AlgoConfig(decoupled=decoupled, rollout_correction="tis" if decoupled else "none"),
-        OptimConfig(micro_batch_tokens=40),
+        OptimConfig(micro_batch_tokens=40, score_chunk_tokens=chunk),
         shard="always",
         optimizer_factory=lambda ps: torch.optim.SGD(ps, lr=0.5),
     )
@@ -44,4 +44,4 @@ def main(out: str, decoupled: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], decoupled=sys.argv[2:] == ["decoupled"])
+    main(sys.argv[1], decoupled=sys.argv[2] == "decoupled", chunk=int(sys.argv[3]))

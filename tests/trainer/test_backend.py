@@ -106,8 +106,9 @@ def test_micro_batches_give_the_full_batch_update(agg):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decoupled", [False, True])
-def test_fsdp2_two_processes_match_one(decoupled, tmp_path):
+@pytest.mark.parametrize(("decoupled", "chunk"), [(False, 1024), (True, 1024), (False, 5)])
+def test_fsdp2_two_processes_match_one(decoupled, chunk, tmp_path):
+    """Two gloo ranks make the one-process update; ``chunk`` 5: the sharded model's chunked scoring."""
     ref_model = tiny_model()
     algo = AlgoConfig(decoupled=decoupled, rollout_correction="tis" if decoupled else "none")
     ref = FSDP2Backend(ref_model, algo, OptimConfig(micro_batch_tokens=40), optimizer_factory=_sgd(0.5))
@@ -131,7 +132,8 @@ def test_fsdp2_two_processes_match_one(decoupled, tmp_path):
             str(_free_port()),
             str(HERE / "_fsdp_worker.py"),
             out,
-            *(["decoupled"] if decoupled else []),
+            "decoupled" if decoupled else "coupled",
+            str(chunk),
         ],
         env=env,
         capture_output=True,
