@@ -13,6 +13,7 @@ the 1st/99th percentiles of the per-token ratio. Same weights on both sides; CPU
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def main() -> int:
@@ -21,6 +22,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: where engine and trainer run")
     args = ap.parse_args()
 
     import asyncio
@@ -51,7 +53,7 @@ def main() -> int:
 
     rows = []
     for eng_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        with HFEngine(load_model(path), device="cpu", dtype=dtype, seed=0, stop_on_eos=False) as eng:
+        with HFEngine(load_model(path), device=args.device, dtype=dtype, seed=0, stop_on_eos=False) as eng:
             samples = asyncio.run(sample(eng))
         T = max(len(p) + len(o) for p, o, _ in samples)
         B = len(samples)
@@ -66,17 +68,20 @@ def main() -> int:
         batch = TrainBatch(ids, att, lm, old, torch.zeros(B, T))
         sampled = lm[:, 1:] > 0
         for precision in ("fp32", "bf16"):
-            be = make_backend(load_model(path).float(), AlgoConfig(), OptimConfig(precision=precision))
+            be = make_backend(
+                load_model(path).float(), AlgoConfig(), OptimConfig(precision=precision), device=args.device
+            )
             train = be.logprobs(batch)[:, 1:][sampled]
             stats = mismatch_stats(train, old[:, 1:][sampled], torch.ones_like(train))
             rows.append((eng_name, precision, int(sampled.sum()), stats))
     print(f"\nlogprob mismatch, model {args.model!r}, {args.prompts}x{args.group} completions of "
-          f"{args.new_tokens} tokens, CPU\n")  # fmt: skip
+          f"{args.new_tokens} tokens, {args.device}\n")  # fmt: skip
     print("| engine | trainer | tokens | mean abs dlogp | KL(rollout‖train) | ratio p1 | ratio p99 |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for e, t, n, s in rows:
         print(f"| {e} | {t} | {n:,} | {s['mismatch_abs_logp']:.2e} | {s['mismatch_kl']:.2e} | "
               f"{s['is_ratio_p1']:.4f} | {s['is_ratio_p99']:.4f} |")  # fmt: skip
+    print(json.dumps({f"{e}/{t}": s["mismatch_abs_logp"] for e, t, _, s in rows}))  # the last line, for scripts
     return 0
 
 

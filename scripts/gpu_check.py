@@ -1,0 +1,206 @@
+"""The GPU check: agentrl's CUDA path on one GPU, no download, one table, non-zero exit on any failure.
+
+    scripts/gpu-check.sh             # on a CUDA machine (about 5 minutes on one H100)
+    scripts/gpu-check.sh --dry-run   # the same checks that a CPU can run, on the tiny real-vocabulary model
+
+The model is built offline: Qwen's real 151,936-token vocabulary and chat template
+(``agentrl models build tiny-qwen3-realvocab``) on a Qwen3 of ``--hidden`` x ``--layers`` (random
+weights, ~0.4B parameters by default; the dry run keeps the catalogue's tiny one). Each row runs
+what a user runs (``agentrl train`` on countdown, a few steps) and reads the run's own metrics:
+
+- bf16 training with the embedded engine, padding-free packing and chunked scoring on;
+- the train/rollout logprob mismatch of a bf16 and an fp32 engine against a bf16 and an fp32
+  trainer (``benchmarks/precision_mismatch.py``);
+- LoRA (``--lora-rank 16``): bytes per sync against a full sync, the mismatch;
+- QLoRA (``--lora-quantize 4bit``) where bitsandbytes is installed;
+- vLLM's CUDA build (``scripts/setup.sh --vllm`` on a GPU machine): a LoRA-less run on it;
+- rows for what is not built yet (NCCL weight sync into vLLM, one-GPU colocation with sleep/wake,
+  the embedded engine's CUDA graphs, Megatron), printed as such so the table says what it did not check.
+
+A row FAILs on a non-zero exit, a non-finite loss or a mismatch above its bound; SKIP says why it
+could not run here. The exit status is 1 if any row failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+Row = tuple[str, str, float, str]  # (check, PASS/FAIL/SKIP/NOT BUILT, seconds, what it measured or why)
+
+
+def _agentrl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [PY, "-m", "agentrl.cli", *args, "--no-progress", "--no-tensorboard"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _train_rows(run: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in rows if r.get("kind") == "train"]
+
+
+def build_model(out: Path, hidden: int, layers: int, dry_run: bool) -> Path:
+    """The check's model: the real-vocabulary catalogue model, or a bigger Qwen3 on its tokenizer."""
+    from agentrl.models import resolve
+
+    src = Path(resolve("tiny-qwen3-realvocab"))
+    if dry_run:
+        return src
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(src)
+    cfg.hidden_size, cfg.num_hidden_layers = hidden, layers
+    cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads = 3 * hidden, hidden // 64, 4
+    cfg.head_dim = 64
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in src.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and f.name != "config.json":
+            shutil.copy2(f, out / f.name)
+    return out
+
+
+def check_train(name: str, model: Path, device: str, work: Path, flags: list[str], limit: float,
+                extra: Callable[[list[dict[str, Any]]], str] | None = None) -> Row:  # fmt: skip
+    """A short countdown run with ``flags``; PASS when it exits 0 with finite losses and an engine
+    that samples what the trainer scores (mismatch below ``limit``)."""
+    run = work / name.replace(" ", "-").replace(",", "")
+    t0 = time.perf_counter()
+    proc = _agentrl("train", "--env", "countdown", "--model", str(model), "--device", device,
+                    "--steps", "3", "--sft-steps", "5", "--tasks-per-step", "4", "--group-size", "4",
+                    "--max-new-tokens", "16", "--eval-episodes", "4", "--eval-samples", "0", "--eval-every", "0",
+                    "--run-dir", str(run), *flags, timeout=900)  # fmt: skip
+    secs = time.perf_counter() - t0
+    if proc.returncode:
+        return (name, "FAIL", secs, proc.stderr.strip().splitlines()[-1][:160] if proc.stderr.strip() else "exit != 0")
+    rows = _train_rows(run)
+    losses = [r.get("train/loss", math.nan) for r in rows]
+    mismatch = max(r.get("train/mismatch_abs_logp", math.inf) for r in rows)
+    step = sorted(r["time/step"] for r in rows)[len(rows) // 2]
+    what = f"step {step:.2f} s, mismatch {mismatch:.1e}" + (f", {extra(rows)}" if extra else "")
+    if not all(math.isfinite(x) for x in losses) or mismatch > limit:
+        return (name, "FAIL", secs, what + f" (bound {limit:g})")
+    return (name, "PASS", secs, what)
+
+
+def check_mismatch(model: Path, device: str) -> Row:
+    t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [PY, str(ROOT / "benchmarks" / "precision_mismatch.py"), "--model", str(model), "--device", device,
+           "--prompts", "4", "--group", "2", "--new-tokens", "32"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    secs = time.perf_counter() - t0
+    if proc.returncode:
+        return ("logprob mismatch, bf16 vs fp32", "FAIL", secs, proc.stderr.strip().splitlines()[-1][:160])
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    what = ", ".join(f"engine/trainer {k}: {v:.1e}" for k, v in got.items())
+    ok = got["fp32/fp32"] < 1e-3 and all(v < 0.1 for v in got.values())
+    return ("logprob mismatch, bf16 vs fp32", "PASS" if ok else "FAIL", secs, what)
+
+
+def _vllm_cuda() -> str | None:
+    """Why vLLM's CUDA build cannot run here, or None when it can."""
+    from agentrl.engines.errors import EngineUnavailableError
+    from agentrl.engines.launcher import find_vllm_python
+
+    try:
+        python = find_vllm_python()
+    except EngineUnavailableError as e:
+        return str(e)
+    probe = subprocess.run([python, "-c", "import torch; print(torch.version.cuda or '')"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    return None if probe.stdout.strip() else "the vLLM environment has a CPU build of torch (no CUDA)"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: run what a CPU can, on the tiny model")
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=12)
+    args = ap.parse_args()
+    import torch
+
+    cuda = torch.cuda.is_available()
+    device = "cpu" if args.dry_run else "cuda"
+    rows: list[Row] = []
+    if not cuda and not args.dry_run:
+        print("no CUDA GPU is visible: run scripts/gpu-check.sh --dry-run for the CPU part", file=sys.stderr)
+        return 1
+    name = torch.cuda.get_device_name(0) if cuda else "none"
+    rows.append(("device", "PASS", 0.0, f"torch {torch.__version__}, CUDA {torch.version.cuda}, GPU {name}"
+                 + (f", bf16 {torch.cuda.is_bf16_supported()}" if cuda else "")))  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="agentrl-gpu-check-"))
+    try:
+        t0 = time.perf_counter()
+        model = build_model(work / "model", args.hidden, args.layers, args.dry_run)
+        from transformers import AutoConfig
+
+        mc = AutoConfig.from_pretrained(model)
+        rows.append(("model (built offline)", "PASS", time.perf_counter() - t0,
+                     f"vocab {mc.vocab_size:,}, hidden {mc.hidden_size}, {mc.num_hidden_layers} layers"))  # fmt: skip
+        bound = 1e-4 if args.dry_run else 5e-2  # an fp32 CPU engine matches exactly; bf16 on GPU does not
+        rows.append(check_train("train bf16, packing, chunked scoring", model, device, work,
+                                ["--precision", "bf16", "--packing", "on", "--score-chunk-tokens", "256"],
+                                limit=5e-2))  # fmt: skip
+        rows.append(check_mismatch(model, device))
+
+        def sync_ratio(rs: list[dict[str, Any]]) -> str:
+            r = rs[-1]
+            return f"sync {r['sync/bytes'] / 2**20:.2f} of {r['sync/full_bytes'] / 2**20:.1f} MiB"
+
+        rows.append(check_train("LoRA r=16", model, device, work, ["--lora-rank", "16", "--lr", "1e-3"],
+                                limit=bound, extra=sync_ratio))  # fmt: skip
+        import importlib.util
+
+        if not cuda or importlib.util.find_spec("bitsandbytes") is None:
+            why = "needs CUDA" if not cuda else "bitsandbytes is not installed (pip install bitsandbytes)"
+            rows.append(("QLoRA 4-bit", "SKIP", 0.0, why))
+        else:
+            rows.append(check_train("QLoRA 4-bit", model, device, work,
+                                    ["--lora-rank", "16", "--lr", "1e-3", "--lora-quantize", "4bit"],
+                                    limit=bound, extra=sync_ratio))  # fmt: skip
+        why = "the dry run leaves vLLM to tests/engines/test_vllm*.py" if args.dry_run else _vllm_cuda()
+        if why is not None:
+            rows.append(("vLLM (CUDA build), disk sync", "SKIP", 0.0, why))
+        else:
+            rows.append(check_train("vLLM (CUDA build), disk sync", model, device, work, ["--engine", "vllm"],
+                                    limit=5e-2))  # fmt: skip
+        for what in (
+            "NCCL weight sync into vLLM's workers",
+            "CUDA-IPC weight sync (engine on the trainer's GPU)",
+            "one-GPU colocation, vLLM sleep/wake (--colocate)",
+            "embedded engine decode with CUDA graphs",
+            "Megatron step, TP=1, bf16",
+        ):
+            rows.append((what, "NOT BUILT", 0.0, "not in this version; the row is a reminder, not a failure"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    width = max(len(r[0]) for r in rows)
+    print(f"\nagentrl GPU check ({'dry run on CPU' if args.dry_run else name})\n")
+    print(f"| {'check':<{width}} | result    | seconds | measured |")
+    print(f"|{'-' * (width + 2)}|-----------|---------|----------|")
+    for check, result, secs, what in rows:
+        print(f"| {check:<{width}} | {result:<9} | {secs:7.1f} | {what} |")
+    failed = [r[0] for r in rows if r[1] == "FAIL"]
+    if failed:
+        print(f"\nFAILED: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
