@@ -36,11 +36,12 @@ from torch import nn
 
 from agentrl.trainer import checkpoint
 from agentrl.trainer.adapter import AdapterReference, adapter_weights, is_lora
-from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
+from agentrl.trainer.batch import TrainBatch
 from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError
 from agentrl.trainer.forward import ValueHead, first_trained_column, plain_logits, shared_logits, token_scores
 from agentrl.trainer.offpolicy import mismatch_stats
+from agentrl.trainer.packing import micro_batches, packed_logits, packing_attention
 from agentrl.trainer.precision import autocast, compute_dtype
 from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys
 
@@ -99,10 +100,10 @@ class FSDP2Backend:
     logprobs and entropy (in the update and in :meth:`logprobs`, decoupled PPO's proximal policy)
     and the reference's are those of ``softmax(logits / temperature)``, the distribution the engine
     drew the tokens from; the warm start's NLL stays at 1 (:meth:`sft_step`).
-    ``optimizer_factory`` defaults to AdamW. ``share_prompts``
-    runs the forward of a prompt that several rows of a micro-batch share (a GRPO group)
-    once (:mod:`agentrl.trainer.prefix`; not yet when sharded, nor under activation
-    checkpointing or with a value head).
+    ``optimizer_factory`` defaults to AdamW. ``share_prompts`` runs the forward of a prompt that
+    several rows of a micro-batch share (a GRPO group) once (:mod:`agentrl.trainer.prefix`; not yet
+    when sharded, nor under activation checkpointing or with a value head); ``optim.packing`` packs
+    a micro-batch's rows without padding (:mod:`agentrl.trainer.packing`).
     """
 
     def __init__(
@@ -144,10 +145,9 @@ class FSDP2Backend:
         hidden = int(getattr(model.config, "hidden_size", 0))
         self.value_head = ValueHead(hidden).to(self.device) if value_head else None
         self.sharded = shard == "always" or (shard == "auto" and self.world > 1)
-        # a shared prompt's forward runs once (agentrl.trainer.prefix); it needs an attention that takes
-        # an explicit 4-D mask (sdpa, eager); not under activation checkpointing, where HF turns the KV
-        # cache off, nor yet under FSDP2 sharding, which frees the weights gathered for the prompt's
-        # forward before its backward
+        # a shared prompt's forward runs once (agentrl.trainer.prefix); it needs an attention that takes a
+        # 4-D mask (sdpa, eager); not under activation checkpointing (HF turns the KV cache off), nor yet
+        # under FSDP2, which frees the weights gathered for the prompt's forward before its backward
         attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
         self.share_prompts = share_prompts and self._logits_to_keep and bool(self._cache_kw)
         self.share_prompts &= attn in ("sdpa", "eager") and not activation_checkpointing and not self.sharded
@@ -199,27 +199,29 @@ class FSDP2Backend:
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(logp, entropy | None, values | None), each (B, T-1): column t - 1 scores token t.
 
-        With ``window`` only the trained tokens are needed: the LM head and the softmax run
-        from the first trained token of the micro-batch on (the prompt before it is context
-        only; with a large vocabulary and long prompts these logits are most of the cost),
-        and rows that share a prompt (a GRPO group) run its forward once
-        (:mod:`agentrl.trainer.prefix`). ``logp`` and ``entropy`` are then zero on the
-        prompt. ``prompts`` are the rows' :func:`~agentrl.trainer.prefix.prompt_keys` when the
-        caller has them. ``entropy`` is the policy's per-token entropy, differentiable only
-        when the entropy bonus is on. Both are of ``softmax(logits / temperature)``, the
-        backend's sampling temperature unless given, in float32 (under bf16 autocast too). The
-        forward itself is :mod:`agentrl.trainer.forward`.
+        With ``window`` only the trained tokens are needed: the LM head and the softmax run from the
+        first trained token of the micro-batch on (the prompt is context only; with a large vocabulary
+        and long prompts these logits are most of the cost), rows that share a prompt (a GRPO group)
+        run its forward once (:mod:`agentrl.trainer.prefix`) unless packing computes fewer positions.
+        ``logp`` and ``entropy`` are then zero on the prompt (packed: on every untrained token).
+        ``prompts`` are the rows' :func:`~agentrl.trainer.prefix.prompt_keys` when the caller has
+        them. ``entropy`` is the policy's per-token entropy, differentiable only when the bonus is on.
+        Both of ``softmax(logits / temperature)`` (the sampling temperature unless given), in float32.
         """
         plan = None
         if window and self.share_prompts and not want_values:
             plan = plan_shared_prompts(mb.input_ids, mb.attention_mask, mb.loss_mask, keys=prompts)
+        packing = packing_attention(self.optim_cfg.packing, model)
         T = self.temperature if temperature is None else temperature
         with autocast(self.device, torch.float32 if self.sharded else self.dtype):
-            if plan is not None:
+            whole = self.sharded and model is self.model  # FSDP2's hooks run on the model's forward
+            if packing and (plan is None or plan.cost >= int(mb.attention_mask.sum())):  # fewest positions
+                scored = packed_logits(model, mb, packing, trained_only=window, keep=self._logits_to_keep,
+                                       hidden=want_values, chunk_tokens=self.score_chunk, whole=whole)  # fmt: skip
+            elif plan is not None:
                 scored = shared_logits(model, mb, plan, self._cache_kw, self.score_chunk)
             else:
                 start = first_trained_column(mb.loss_mask) if window and self._logits_to_keep else 0
-                whole = self.sharded and model is self.model  # FSDP2's hooks run on the model's forward
                 scored = plain_logits(model, mb, start, want_values, self.score_chunk, whole)
             logp, ent = token_scores(scored, T, entropy, entropy_grad=self.algo.entropy_coef > 0)
         values = None
@@ -248,7 +250,7 @@ class FSDP2Backend:
         if self.value_head is None:
             raise BackendError("values() needs a value head (algo='ppo')")
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens):
+        for idx in micro_batches(batch, self.optim_cfg, self.model):
             mb = batch.select(idx).to(self.device)
             _, _, v = self._forward(self.model, mb, want_values=True)
             assert v is not None
@@ -265,7 +267,7 @@ class FSDP2Backend:
         was_training = model.training
         model.eval()
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        groups = token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens)
+        groups = micro_batches(batch, self.optim_cfg, self.model)
         n_mb = self._all_max(len(groups)) if self.sharded and model is self.model else len(groups)
         try:
             for i in range(n_mb):
@@ -345,7 +347,7 @@ class FSDP2Backend:
         # each row's prompt, computed once: it packs micro-batches by group and plans their shared forwards
         shares = self.share_prompts and self.value_head is None
         keys = prompt_keys(batch.input_ids, batch.attention_mask, batch.loss_mask) if shares else None
-        groups = token_budget_microbatches(batch.lengths.tolist(), self.optim_cfg.micro_batch_tokens, keys)
+        groups = micro_batches(batch, self.optim_cfg, self.model, keys)
         n_mb = self._all_max(len(groups))
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}

@@ -181,9 +181,10 @@ def trained_tokens(t: Trajectory) -> int:
 
 
 def token_budget_microbatches(
-    lengths: Sequence[int], budget: int, keys: Sequence[Hashable] | None = None
+    lengths: Sequence[int], budget: int, keys: Sequence[Hashable] | None = None, packed: bool = False
 ) -> list[list[int]]:
-    """Split rows into micro-batches whose padded size ``rows * longest`` stays within ``budget``.
+    """Split rows into micro-batches whose padded size ``rows * longest`` stays within ``budget``
+    (``packed``: whose real tokens ``sum(lengths)`` do, :mod:`agentrl.trainer.packing`).
 
     Rows are taken longest first so that rows of similar length share a micro-batch
     (little padding). A row longer than the budget gets a micro-batch of its own.
@@ -204,14 +205,14 @@ def token_budget_microbatches(
         )
     out: list[list[int]] = []
     cur: list[int] = []
-    widest = 0
+    widest = total = 0
     for i in order:
         n = int(lengths[i])
-        if cur and max(widest, n) * (len(cur) + 1) > budget:
+        if cur and (total + n if packed else max(widest, n) * (len(cur) + 1)) > budget:
             out.append(cur)
-            cur, widest = [], 0
+            cur, widest, total = [], 0, 0
         cur.append(i)
-        widest = max(widest, n)
+        widest, total = max(widest, n), total + n
     if cur:
         out.append(cur)
     return out

@@ -223,7 +223,9 @@ class OptimConfig:
     warmup_steps: int = 0
     """linear learning-rate warm-up, in optimizer updates"""
     micro_batch_tokens: int = 8192
-    """token budget of one forward/backward micro-batch (padded tokens)"""
+    """token budget of one forward/backward micro-batch: real tokens when packing, else rows x longest row"""
+    packing: Literal["auto", "on", "off"] = "auto"
+    """pack a micro-batch's rows into one padding-free sequence that attention cannot cross (docs/training.md); auto: wherever the model's attention can (sdpa, eager, flash)"""
     score_chunk_tokens: int = 1024
     """score logprobs this many positions at a time (LM head, softmax, entropy), so no micro-batch holds its full-vocabulary logits (0 = off)"""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
