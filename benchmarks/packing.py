@@ -102,7 +102,7 @@ def run(shape: str, model_name: str, args: argparse.Namespace) -> list[dict[str,
         optim = OptimConfig(packing=packing, micro_batch_tokens=args.micro_batch_tokens)
         be = make_backend(model, AlgoConfig(), optim, share_prompts=share)
         counted = [0]
-        model.register_forward_pre_hook(
+        model.get_decoder().register_forward_pre_hook(  # the trunk: every forward, chunked scoring's too
             lambda _m, a, kw, c=counted: c.__setitem__(0, c[0] + kw["input_ids"].numel()), with_kwargs=True
         )
         be.train_step(batch)  # warm-up
