@@ -81,7 +81,9 @@ def main() -> int:
     for e, t, n, s in rows:
         print(f"| {e} | {t} | {n:,} | {s['mismatch_abs_logp']:.2e} | {s['mismatch_kl']:.2e} | "
               f"{s['is_ratio_p1']:.4f} | {s['is_ratio_p99']:.4f} |")  # fmt: skip
-    print(json.dumps({f"{e}/{t}": s["mismatch_abs_logp"] for e, t, _, s in rows}))  # the last line, for scripts
+    print(
+        json.dumps({f"{e}/{t}": s["mismatch_abs_logp"] for e, t, _, s in rows})
+    )  # the last line, for scripts
     return 0
 
 

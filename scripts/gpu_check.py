@@ -87,7 +87,12 @@ def check_train(name: str, model: Path, device: str, work: Path, flags: list[str
                     "--run-dir", str(run), *flags, timeout=900)  # fmt: skip
     secs = time.perf_counter() - t0
     if proc.returncode:
-        return (name, "FAIL", secs, proc.stderr.strip().splitlines()[-1][:160] if proc.stderr.strip() else "exit != 0")
+        return (
+            name,
+            "FAIL",
+            secs,
+            proc.stderr.strip().splitlines()[-1][:160] if proc.stderr.strip() else "exit != 0",
+        )
     rows = _train_rows(run)
     losses = [r.get("train/loss", math.nan) for r in rows]
     mismatch = max(r.get("train/mismatch_abs_logp", math.inf) for r in rows)
