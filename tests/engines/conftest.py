@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,3 +71,20 @@ def engine(model: Qwen2ForCausalLM) -> Iterator[HFEngine]:
     eng = HFEngine(model, device="cpu", stop_on_eos=False)
     yield eng
     eng.close()
+
+
+def lora_adapter(path: Path, seed: int, rank: int = 8, model: torch.nn.Module | None = None) -> Path:
+    """A rank-``rank`` PEFT adapter directory on every projection of ``model`` (default: the ``tiny``
+    catalogue model) that changes its outputs: ``lora_B`` random (PEFT starts it at zero), alpha 2 x rank."""
+    from agentrl.models import load_model, resolve
+    from agentrl.models.lora import LoraSpec, adapter_state_dict, apply_lora, save_adapter
+
+    model = model if model is not None else load_model(resolve("tiny")).float().eval()
+    spec = LoraSpec(rank=rank)
+    apply_lora(model, spec)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    return save_adapter(path, adapter_state_dict(model), spec, base=resolve("tiny"))

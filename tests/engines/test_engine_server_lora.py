@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from conftest import tiny_qwen3
+from conftest import lora_adapter, tiny_qwen3
 
 from agentrl.engines import HFEngine, run_sync
 from agentrl.engines.errors import EngineRequestError, WeightUpdateError
@@ -18,24 +18,10 @@ from agentrl.engines.server import create_app
 from agentrl.engines.sglang import ADAPTER_NAME, SGLangEngine
 from agentrl.httpkit import BackgroundServer
 from agentrl.models import load_model, resolve
-from agentrl.models.lora import LoraSpec, adapter_state_dict, apply_lora, save_adapter
 from agentrl.types import SamplingParams
 
 PROMPT = [5, 6, 7, 8, 9]
 PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0, seed=3)
-
-
-def _adapter(path: Path, seed: int, model: torch.nn.Module | None = None) -> Path:
-    """A rank-8 adapter that changes the model's outputs (``lora_B`` random; PEFT starts it at zero)."""
-    model = model if model is not None else load_model(resolve("tiny")).float().eval()
-    spec = LoraSpec(rank=8)
-    apply_lora(model, spec)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    return save_adapter(path, adapter_state_dict(model), spec, base=resolve("tiny"))
 
 
 def _max_diff(model: torch.nn.Module, g: Generation) -> float:
@@ -66,7 +52,7 @@ def test_sglang_client_pushes_adapters_into_the_engine_server(
     served: tuple[str, HFEngine], tmp_path: Path
 ) -> None:
     url, engine = served
-    a1, a2 = _adapter(tmp_path / "a1", 1), _adapter(tmp_path / "a2", 2)
+    a1, a2 = lora_adapter(tmp_path / "a1", 1), lora_adapter(tmp_path / "a2", 2)
     client = SGLangEngine(url, retries=0, lora_rank=8)
     try:
         assert client.capabilities.adapter
@@ -85,7 +71,7 @@ def test_sglang_client_pushes_adapters_into_the_engine_server(
         assert second.weight_versions == [4] * len(second.output_ids) and _max_diff(_peft(a2), second) < 1e-4
 
         # an adapter trained on another base is refused; the previous one serves on
-        other = _adapter(tmp_path / "other", 3, model=tiny_qwen3())
+        other = lora_adapter(tmp_path / "other", 3, model=tiny_qwen3())
         with pytest.raises(WeightUpdateError, match="refused.*does not fit this model"):
             run_sync(client.update_adapter_from_path(other), timeout_s=60, what="update")
         again = run_sync(client.generate(PROMPT, PARAMS), timeout_s=60, what="generate")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from conftest import lora_adapter
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -24,27 +24,15 @@ from agentrl.engines.sglang import SGLangEngine
 from agentrl.engines.vllm import VLLMEngine
 from agentrl.engines.vllm_lora import ADAPTER_NAME, vllm_max_lora_rank
 from agentrl.httpkit import BackgroundServer
-from agentrl.models import load_model, resolve
-from agentrl.models.lora import LoraError, LoraSpec, adapter_state_dict, apply_lora, save_adapter
+from agentrl.models import resolve
+from agentrl.models.lora import LoraError
 from agentrl.types import SamplingParams
-
-
-def _adapter(path: Path, seed: int, rank: int = 8) -> Path:
-    model = load_model(resolve("tiny")).float().eval()
-    spec = LoraSpec(rank=rank)
-    apply_lora(model, spec)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    return save_adapter(path, adapter_state_dict(model), spec, base=resolve("tiny"))
 
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("adapters")
-    return _adapter(root / "a1", 1), _adapter(root / "a2", 2)
+    return lora_adapter(root / "a1", 1), lora_adapter(root / "a2", 2)
 
 
 class VLLMStub:

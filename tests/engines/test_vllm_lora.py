@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_qwen3
+from conftest import lora_adapter, tiny_qwen3
 
 from agentrl.engines.errors import EngineUnavailableError, UnsupportedWeightUpdateError
 from agentrl.engines.launcher import EngineServer, find_vllm_python, launch_vllm_server
 from agentrl.engines.protocol import Generation, run_sync
 from agentrl.engines.vllm import VLLMEngine
 from agentrl.models import load_model, resolve
-from agentrl.models.lora import LoraError, LoraSpec, adapter_state_dict, apply_lora, save_adapter
+from agentrl.models.lora import LoraError
 from agentrl.types import SamplingParams
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -57,21 +57,7 @@ def engine(server: EngineServer) -> Iterator[VLLMEngine]:
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("adapters")
-    return {f"a{seed}": _adapter(root / f"a{seed}", seed) for seed in (1, 2)}
-
-
-def _adapter(path: Path, seed: int, rank: int = RANK, model: torch.nn.Module | None = None) -> Path:
-    """A rank-``rank`` adapter on every projection of ``model`` (default tiny) that changes its outputs:
-    ``lora_B`` random (PEFT starts it at zero), alpha 2 x rank."""
-    model = model if model is not None else load_model(resolve("tiny")).float().eval()
-    spec = LoraSpec(rank=rank)
-    apply_lora(model, spec)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    return save_adapter(path, adapter_state_dict(model), spec, base=resolve("tiny"))
+    return {f"a{seed}": lora_adapter(root / f"a{seed}", seed) for seed in (1, 2)}
 
 
 def _peft(path: Path) -> torch.nn.Module:
@@ -181,8 +167,8 @@ def test_a_refused_adapter_keeps_the_old_one_serving(
     missing = tmp_path / "missing"
     shutil.copytree(adapters["a1"], missing)
     (missing / "adapter_model.safetensors").unlink()
-    too_big = _adapter(tmp_path / "rank16", seed=3, rank=16)
-    other_base = _adapter(tmp_path / "other", seed=3, model=tiny_qwen3())
+    too_big = lora_adapter(tmp_path / "rank16", seed=3, rank=16)
+    other_base = lora_adapter(tmp_path / "other", seed=3, model=tiny_qwen3())
     refusals = [
         (missing, r"lacks \['adapter_model.safetensors'\]"),
         (too_big, r"rank 16, above the server's --max-lora-rank 8.*lora_rank >= 16"),
