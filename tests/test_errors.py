@@ -57,6 +57,7 @@ ALLOWED_IN_FUNCTION = {
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_join", "ValueError"),
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "ValueError"),
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "TimeoutError"),
+    ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_load_lora", "ValueError"),
     # The MCP client's internal signals: run() times out like future.result, and a call whose
     # connection ended fails like one; open() and call() catch both and raise EnvInfraError.
     ("envs/mcp_client.py", "run", "TimeoutError"),

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agentrl.models.lora import adapter_state_dict, adapters_disabled, is_lora
+from agentrl.trainer.errors import BackendError
 
 __all__ = ["AdapterReference", "adapter_weights", "base_nbytes", "is_lora"]
 
@@ -70,7 +71,7 @@ class AdapterReference:
         if tensors is None or all(not bool(t.any()) for n, t in tensors.items() if ".lora_B." in n):
             return
         if set(tensors) != set(params):
-            raise ValueError(
+            raise BackendError(
                 f"the reference adapter names {len(tensors)} tensors, the policy's adapter {len(params)}; "
                 f"first differences: {sorted(set(tensors) ^ set(params))[:3]}"
             )

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from agentrl.configlib import fail as _fail
-from agentrl.models.lora import LoraError, LoraSpec
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # agentrl.models.lora imports torch: the CLI's parser (an env image has no torch) must not
+    from agentrl.models.lora import LoraSpec
     from agentrl.trainer.config import TrainConfig
 
 __all__ = ["LoraConfig", "check_lora"]
@@ -43,6 +43,8 @@ class LoraConfig:
                 if getattr(self, name):
                     _fail("lora", name, getattr(self, name), "needs --lora-rank R (the adapter it shapes)")
             return
+        from agentrl.models.lora import LoraError
+
         try:
             self.spec()
         except LoraError as e:
@@ -54,6 +56,8 @@ class LoraConfig:
 
     def spec(self) -> LoraSpec:
         """The adapter these settings describe (only when ``rank > 0``)."""
+        from agentrl.models.lora import LoraSpec
+
         names = [n.strip() for n in self.target_modules.split(",") if n.strip()]
         targets: tuple[str, ...] | str = (
             "all-linear" if names == ["all-linear"] else tuple(names) if names else LoraSpec(1).target_modules
