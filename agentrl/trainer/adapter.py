@@ -65,8 +65,8 @@ class AdapterReference:
     """
 
     def __init__(self, model: nn.Module, tensors: Mapping[str, torch.Tensor] | None) -> None:
-        params = {n: p for n, p in model.named_parameters() if n in adapter_state_dict(model)}
-        self.tensors = {k: v.detach().cpu().clone() for k, v in (tensors or {}).items()}
+        names = set(adapter_state_dict(model))
+        params = {n: p for n, p in model.named_parameters() if n in names}
         self._saved: dict[str, torch.Tensor] | None = None
         if tensors is None or all(not bool(t.any()) for n, t in tensors.items() if ".lora_B." in n):
             return
