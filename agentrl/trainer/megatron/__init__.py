@@ -1,0 +1,1 @@
+"""Megatron training backend (tensor and pipeline parallelism); see backend.py."""
