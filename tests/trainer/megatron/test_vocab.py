@@ -99,12 +99,15 @@ def test_entropy_detached_unless_asked_and_low_precision_logits_score_in_float32
         ({"vocab_start": 8, "vocab_size": V}, "slice inconsistent"),  # one process holds all from 0
         ({"vocab_start": 0, "vocab_size": VP + 1}, "slice inconsistent"),  # narrower than the vocabulary
         ({"vocab_start": 0, "vocab_size": V, "temperature": -1.0}, "temperature"),
+        ({"vocab_start": 0, "vocab_size": V, "int32_targets": True}, "targets must be long"),
     ],
 )
 def test_bad_inputs_raise_backend_error(kw, match):
     full, targets, _ = _inputs(3)
     if "bad_target" in kw:
         targets[1, 2] = kw.pop("bad_target")
+    if kw.pop("int32_targets", False):
+        targets = targets.int()
     with pytest.raises(BackendError, match=match):
         vocab_parallel_scores(full, targets, group=None, **kw)
 
