@@ -1,0 +1,56 @@
+"""torchrun worker for the Megatron backend tests.
+
+``scores OUT TP PP``: each rank scores its own rows (rows r::world) of the fixed batch; saves them.
+``train OUT TP PP [STEPS]``: GRPO steps on the fixed batches (each rank its rows r::world); rank 0
+saves the per-step stats, the logprobs after each step and the final HF weights.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0])
+from _tiny import fixed_batch, tiny_model  # noqa: E402
+
+from agentrl.trainer.algorithm import RLObjective  # noqa: E402
+from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
+from agentrl.trainer.distributed import init_distributed, shutdown_distributed  # noqa: E402
+from agentrl.trainer.megatron.backend import MegatronBackend  # noqa: E402
+
+ALGO = AlgoConfig(kl_coef=0.0)
+OPTIM = OptimConfig(lr=1e-2, micro_batch_tokens=40, grad_clip=1.0)
+
+
+def backend(tp: int, pp: int) -> MegatronBackend:
+    return MegatronBackend(
+        tiny_model(layers=4), ALGO, OPTIM, objective=RLObjective(ALGO), tp=tp, pp=pp, temperature=0.7
+    )
+
+
+def main(mode: str, out: str, tp: int, pp: int, steps: int = 3) -> None:
+    torch.set_num_threads(1)
+    rank, world = init_distributed()
+    be = backend(tp, pp)
+    if mode == "scores":
+        batch = fixed_batch()
+        mine = batch.select(list(range(rank, len(batch), world)))
+        torch.save(be.logprobs(mine), f"{out}.rank{rank}.pt")
+    else:
+        stats, after = [], []
+        for step in range(steps):
+            batch = fixed_batch(seed=10 + step)
+            mine = batch.select(list(range(rank, len(batch), world)))
+            stats.append(be.train_step(mine))
+            after.append(be.logprobs(mine))
+        sd = be.state_dict()
+        torch.save({"stats": stats, "after": after}, f"{out}.rank{rank}.pt")
+        if rank == 0:
+            save_file({k: v.contiguous() for k, v in sd.items()}, out)
+    shutdown_distributed(meet=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *(int(a) for a in sys.argv[5:]))

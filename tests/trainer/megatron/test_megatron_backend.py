@@ -1,0 +1,125 @@
+"""The Megatron backend against the HF model and the FSDP2 backend, on CPU (gloo, 2 processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core", reason="megatron-core is a dev dependency (pip install -e '.[dev]')")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _tiny import fixed_batch, tiny_model  # noqa: E402
+
+from agentrl.trainer.errors import BackendError  # noqa: E402
+from agentrl.trainer.megatron.convert import hf_to_stage, stage_to_hf  # noqa: E402
+from agentrl.trainer.megatron.model import layout  # noqa: E402
+
+WORKER = Path(__file__).with_name("_mg_worker.py")
+
+
+def _qwen3(tied: bool = False):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(3)
+    cfg = Qwen3Config(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                      tie_word_embeddings=tied)  # fmt: skip
+    return Qwen3ForCausalLM(cfg).float()
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(4)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)  # fmt: skip
+    return LlamaForCausalLM(cfg).float()
+
+
+@pytest.mark.parametrize("make", [lambda: tiny_model(layers=4), lambda: _qwen3(), lambda: _qwen3(True), _llama],
+                         ids=["qwen2-tied", "qwen3", "qwen3-tied", "llama"])  # fmt: skip
+@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_weights_round_trip_exactly_through_every_shard(make, tp, pp):
+    hf = make()
+    w = {k: v.detach() for k, v in hf.state_dict().items()}
+    lay = layout(hf.config, tp, pp)
+    back = {}
+    for stage in range(pp):
+        back |= stage_to_hf([hf_to_stage(w, lay, r, stage) for r in range(tp)], lay, stage)
+    if lay.tied:
+        w.pop("lm_head.weight", None)
+    assert back.keys() == w.keys()
+    for k in w:
+        assert torch.equal(back[k], w[k]), k
+
+
+def test_one_process_matches_the_hf_model(tmp_path):
+    """tp = pp = 1 in this process: the converted model's logprobs equal HF's (temperature 0.7)."""
+    from agentrl.trainer.algorithm import RLObjective
+    from agentrl.trainer.config import AlgoConfig, OptimConfig
+    from agentrl.trainer.megatron.backend import MegatronBackend
+
+    hf = _qwen3()
+    batch = fixed_batch()
+    batch.input_ids.clamp_(max=60)
+    be = MegatronBackend(hf, AlgoConfig(), OptimConfig(micro_batch_tokens=40), objective=RLObjective(AlgoConfig()),
+                         temperature=0.7)  # fmt: skip
+    got = be.logprobs(batch)
+    want = _hf_logprobs(hf, batch, 0.7)
+    real = batch.attention_mask[:, 1:] > 0
+    assert (got[:, 1:][real] - want[real]).abs().max() < 1e-5
+
+
+def _hf_logprobs(hf, batch, T):
+    with torch.no_grad():
+        logits = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits.float()
+    lp = torch.log_softmax(logits[:, :-1] / T, -1)
+    return lp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+
+
+def test_layout_refuses_what_it_cannot_split():
+    cfg = tiny_model(layers=4).config
+    with pytest.raises(BackendError, match="--tp 3"):
+        layout(cfg, tp=3)
+    with pytest.raises(BackendError, match="--pp 3"):
+        layout(cfg, pp=3)
+    cfg.model_type = "gpt2"
+    with pytest.raises(BackendError, match="gpt2"):
+        layout(cfg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(*args: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), str(WORKER), *args]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_two_ranks_score_like_the_hf_model(tmp_path, tp, pp):
+    """TP = 2 (each rank half the vocabulary and heads) and PP = 2 (each rank two layers): every rank's
+    own rows score as the HF model scores them, to 1e-5."""
+    out = str(tmp_path / "scores")
+    _torchrun("scores", out, str(tp), str(pp))
+    hf, batch = tiny_model(layers=4), fixed_batch()
+    want = _hf_logprobs(hf, batch, 0.7)
+    for rank in range(2):
+        rows = list(range(rank, len(batch), 2))
+        got = torch.load(f"{out}.rank{rank}.pt")
+        mine = batch.select(rows)
+        assert got.shape == mine.input_ids.shape
+        real = mine.attention_mask[:, 1:] > 0
+        assert (got[:, 1:][real] - want[rows][real]).abs().max() < 1e-5
