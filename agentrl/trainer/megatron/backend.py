@@ -42,6 +42,7 @@ from agentrl.trainer.errors import BackendError
 from agentrl.trainer.forward import ValueHead
 from agentrl.trainer.megatron import checkpoint, rows
 from agentrl.trainer.megatron.compat import apply_cpu_shims
+from agentrl.trainer.megatron.convert import tp_split_dims
 from agentrl.trainer.megatron.model import Layout, build, layout, stage_forward
 from agentrl.trainer.megatron.schedule import Pipe, run
 from agentrl.trainer.megatron.vocab import vocab_parallel_scores
@@ -346,7 +347,7 @@ class MegatronBackend:
         for name, p in self._named_params():
             if p.grad is None:
                 continue
-            split = getattr(p, "tensor_model_parallel", False)
+            split = self.g.tp > 1 and tp_split_dims(name) is not None
             if (not split and self.g.tp_rank != 0) or (tied_copy and name == "output_layer.weight"):
                 continue
             sq += p.grad.double().pow(2).sum()
