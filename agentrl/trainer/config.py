@@ -29,6 +29,7 @@ from agentrl.trainer.cluster_config import ClusterConfig, check_ray
 from agentrl.trainer.data_config import DataConfig, apply_dataset, check_data
 from agentrl.trainer.loggers import log_targets
 from agentrl.trainer.lora_config import LoraConfig, check_lora
+from agentrl.trainer.parallel_config import ParallelConfig, check_parallel
 
 if TYPE_CHECKING:
     from agentrl.envs import EnvSpec
@@ -38,6 +39,7 @@ __all__ = [
     "ClusterConfig",
     "DataConfig",
     "LoraConfig",
+    "ParallelConfig",
     "ModelConfig",
     "OptimConfig",
     "RolloutConfig",
@@ -299,25 +301,17 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data: DataConfig = field(default_factory=DataConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         a, r = self.algo, self.rollout
         if a.algo == "grpo" and a.advantage_kind in ("grpo", "dr_grpo", "rloo") and r.group_size < 2:
-            _fail(
-                "rollout",
-                "group_size",
-                r.group_size,
-                f"{a.advantage_kind} needs a group of at least 2 episodes per task",
-            )
+            _fail("rollout", "group_size", r.group_size, f"{a.advantage_kind} needs a group of at least 2 episodes "
+                  "per task")  # fmt: skip
         batch = r.tasks_per_step * r.group_size
         if batch % a.num_minibatches:
-            _fail(
-                "algo",
-                "num_minibatches",
-                a.num_minibatches,
-                f"the batch of tasks_per_step*group_size = {r.tasks_per_step}*{r.group_size} = {batch} "
-                "episodes does not split evenly; pick a divisor",
-            )
+            _fail("algo", "num_minibatches", a.num_minibatches, f"the batch of tasks_per_step*group_size = "
+                  f"{r.tasks_per_step}*{r.group_size} = {batch} episodes does not split evenly; pick a divisor")  # fmt: skip
         if a.max_refill_rounds and r.max_staleness:
             _fail("algo", "max_refill_rounds", a.max_refill_rounds, "the asynchronous rollout (max_staleness="
                   f"{r.max_staleness}) plays groups ahead and does not refill dropped ones; leave it unset "
@@ -362,6 +356,7 @@ class TrainConfig:
                 "machine or a shared file system) or --weight-sync broadcast (torch.distributed)",
             )
         check_lora(self)
+        check_parallel(self)
 
     @property
     def batch_size(self) -> int:

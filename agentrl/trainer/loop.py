@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from agentrl.errors import ConfigError
-from agentrl.trainer.algorithm import RLObjective, train_step
+from agentrl.trainer.algorithm import train_step
 from agentrl.trainer.backend import FSDP2Backend
 from agentrl.trainer.checkpoint import (
     REFERENCE,
@@ -51,6 +51,7 @@ from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.evaluation import describe
 from agentrl.trainer.metrics import MetricsLogger, NullLogger, plot, summary_table
+from agentrl.trainer.parallel_config import check_world, make_backend
 from agentrl.trainer.refill import refill
 from agentrl.trainer.rollout import RolloutResult, merge_results
 from agentrl.trainer.runtime import (
@@ -206,18 +207,11 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
     except BaseException:
         rt.close()
         raise
-    be = FSDP2Backend(
-        rt.policy,
-        cfg.algo,
-        cfg.optim,
-        objective=RLObjective(cfg.algo, norm_tokens=cfg.rollout.max_new_tokens),
-        device=rt.device,
-        value_head=cfg.algo.algo == "ppo",
-        activation_checkpointing=cfg.model.activation_checkpointing,
-        cpu_offload=cfg.model.cpu_offload,
-        share_prompts=cfg.model.share_prompts,
-        temperature=cfg.rollout.temperature,  # the trainer scores tokens under what the engine sampled
-    )
+    try:  # FSDP2 or Megatron (--backend), the RL objective handed in
+        be = make_backend(cfg, rt.policy, rt.device)
+    except BaseException:
+        rt.close()
+        raise
     log: MetricsLogger | NullLogger = (
         MetricsLogger(
             run_dir, tensorboard=cfg.run.tensorboard, log=cfg.run.log, config=dataclasses.asdict(cfg)
@@ -246,6 +240,7 @@ def progress_bar(console: Any, *, enabled: bool) -> Any:
 
 def _check_world(cfg: TrainConfig, world: int) -> None:
     """What data-parallel training needs of the config, checked before any model loads."""
+    check_world(cfg, world)
     if world == 1:
         return
     r = cfg.rollout
@@ -309,7 +304,7 @@ def _reference(run: _Run) -> None:
         run.reference = adapter_reference(run.be, run.run_dir, src, main=run.rt.ranks.main)
         return
     if src is not None:
-        ref = load_reference(src, like=run.be.model)
+        ref = load_reference(src, like=run.rt.policy)
         run.console.print(f"KL reference: {src}")
     else:
         from agentrl.models import load_model, resolve

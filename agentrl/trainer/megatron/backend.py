@@ -326,12 +326,18 @@ class MegatronBackend:
         return out
 
     def _reduce_grads(self) -> None:
-        """Sum gradients over the data-parallel replicas, and the tied embedding's two copies (first and
-        last stage) over the embedding group, as Megatron's ``finalize_model_grads`` does."""
+        """Sum the gradients that are partial on each rank, as Megatron's ``finalize_model_grads`` does:
+        the per-head q/k norms over the tensor-parallel group (each rank's heads add their share), all
+        over the data-parallel replicas, the tied embedding's two copies (first and last stage) over
+        the embedding group."""
         params = [p for p in self._params() if p.requires_grad]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if self.g.tp > 1:  # Qwen3's q/k norms are replicated but each rank applies them to its own heads only
+            for name, p in self._named_params():
+                if name.endswith(("q_layernorm.weight", "k_layernorm.weight")) and p.grad is not None:
+                    dist.all_reduce(p.grad, group=self.g.tp_group)
         if self.g.dp > 1:
             for p in params:
                 dist.all_reduce(p.grad, group=self.g.dp_group)

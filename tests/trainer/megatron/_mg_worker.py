@@ -1,7 +1,7 @@
 """torchrun worker for the Megatron backend tests.
 
 ``scores OUT TP PP``: each rank scores its own rows (rows r::world) of the fixed batch; saves them.
-``train OUT TP PP [STEPS]``: GRPO steps on the fixed batches (each rank its rows r::world); rank 0
+``train OUT TP PP [FAMILY]``: GRPO steps on the fixed batches (each rank its rows r::world); rank 0
 saves the per-step stats, the logprobs after each step and the final HF weights.
 """
 
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0])
-from _tiny import fixed_batch, tiny_model  # noqa: E402
+from _tiny import VOCAB, fixed_batch, tiny_model  # noqa: E402
 
 from agentrl.trainer.algorithm import RLObjective  # noqa: E402
 from agentrl.trainer.config import AlgoConfig, OptimConfig  # noqa: E402
@@ -29,17 +29,32 @@ def sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.5)
 
 
-def backend(tp: int, pp: int) -> MegatronBackend:
+def qwen3() -> torch.nn.Module:
+    """A tiny Qwen3 (per-head q/k norms, no QKV bias, tied embeddings) on the test vocabulary."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                      tie_word_embeddings=True)  # fmt: skip
+    return Qwen3ForCausalLM(cfg).float()
+
+
+def model(family: str) -> torch.nn.Module:
+    return qwen3() if family == "qwen3" else tiny_model(layers=4)
+
+
+def backend(tp: int, pp: int, family: str = "qwen2") -> MegatronBackend:
     return MegatronBackend(
-        tiny_model(layers=4), ALGO, OPTIM, objective=RLObjective(ALGO), tp=tp, pp=pp, temperature=0.7,
+        model(family), ALGO, OPTIM, objective=RLObjective(ALGO), tp=tp, pp=pp, temperature=0.7,
         optimizer_factory=sgd,
     )  # fmt: skip
 
 
-def main(mode: str, out: str, tp: int, pp: int, steps: int = 3) -> None:
+def main(mode: str, out: str, tp: int, pp: int, family: str = "qwen2", steps: int = 3) -> None:
     torch.set_num_threads(1)
     rank, world = init_distributed()
-    be = backend(tp, pp)
+    be = backend(tp, pp, family)
     if mode == "scores":
         batch = fixed_batch()
         mine = batch.select(list(range(rank, len(batch), world)))
@@ -59,4 +74,4 @@ def main(mode: str, out: str, tp: int, pp: int, steps: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *(int(a) for a in sys.argv[5:]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:6])

@@ -125,21 +125,24 @@ def test_two_ranks_score_like_the_hf_model(tmp_path, tp, pp):
         assert (got[:, 1:][real] - want[rows][real]).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2), (1, 1)])
-def test_three_grpo_steps_equal_the_fsdp2_backend(tmp_path, tp, pp):
+@pytest.mark.parametrize(
+    ("tp", "pp", "family"), [(2, 1, "qwen2"), (2, 1, "qwen3"), (1, 2, "qwen2"), (1, 1, "qwen2")]
+)
+def test_three_grpo_steps_equal_the_fsdp2_backend(tmp_path, tp, pp, family):
     """Three GRPO steps (two mini-batches each, entropy bonus, temperature 0.7, clipping) on two ranks
-    split TP = 2, PP = 2 or two data-parallel replicas give the one-process FSDP2 backend's stats to
+    split TP = 2 (Qwen2's QKV bias; Qwen3's per-head q/k norms, whose gradients each TP rank holds a
+    share of), PP = 2 or two data-parallel replicas give the one-process FSDP2 backend's stats to
     1e-4, its logprobs after each step (what the engine gets after each sync) and its final weights."""
     from safetensors.torch import load_file
 
     from agentrl.trainer.algorithm import make_backend
 
     sys.path.insert(0, str(WORKER.parent))
-    from _mg_worker import ALGO, OPTIM, sgd
+    from _mg_worker import ALGO, OPTIM, model, sgd
 
     out = str(tmp_path / "train")
-    _torchrun("train", out, str(tp), str(pp))
-    ref = make_backend(tiny_model(layers=4), ALGO, OPTIM, temperature=0.7, optimizer_factory=sgd)
+    _torchrun("train", out, str(tp), str(pp), family)
+    ref = make_backend(model(family), ALGO, OPTIM, temperature=0.7, optimizer_factory=sgd)
     ranks = [torch.load(f"{out}.rank{r}.pt") for r in range(2)]
     for step in range(3):
         batch = fixed_batch(seed=10 + step)
