@@ -106,6 +106,28 @@ def test_two_trainer_ranks_and_two_replicas_train_countdown(tmp_path: Path) -> N
     assert _gone_within(30) == []
 
 
+def test_megatron_ranks_as_actors_split_the_model_and_feed_every_replica(tmp_path: Path) -> None:
+    """--backend megatron --tp 2 with the ranks as Ray actors: one model split over the two ranks,
+    rank 0 writes the gathered weights and both replicas reload them, so every sampled token's
+    logprob is the trainer's (each replica serves one rank's share)."""
+    pytest.importorskip("megatron.core", reason="megatron-core is a dev dependency")
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [*CMD, *FLAGS, "--steps", "2", "--backend", "megatron", "--tp", "2", "--run-dir", str(run)],
+        env=ENV, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = _rows(run)
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["rollout/episodes_ok"] == 4 for r in steps)
+    assert all(r["train/mismatch_abs_logp"] < 1e-5 for r in steps)  # both replicas hold the trainer's weights
+    assert sorted(p.name for p in (run / "checkpoints" / "step-2" / "megatron").iterdir()) == [
+        "tp0_pp0.pt",
+        "tp1_pp0.pt",
+    ]
+    assert _gone_within(30) == []
+
+
 def test_a_killed_rank_ends_the_run_naming_it_and_resume_continues(tmp_path: Path) -> None:
     run, log = tmp_path / "run", tmp_path / "driver.out"
     with log.open("w") as out:

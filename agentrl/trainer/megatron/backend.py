@@ -64,6 +64,8 @@ def init_parallel(tp: int, pp: int) -> Groups:
             "(each data-parallel replica holds tp x pp ranks); launch torchrun with that many processes"
         )
     if not dist.is_initialized():  # one process: a group of one, so Megatron's collectives run
+        if ps.model_parallel_is_initialized():  # left by an earlier run in this process, its groups gone
+            ps.destroy_model_parallel()
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     if ps.model_parallel_is_initialized():
         have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())

@@ -59,7 +59,19 @@ def test_weights_round_trip_exactly_through_every_shard(make, tp, pp):
         assert torch.equal(back[k], w[k]), k
 
 
-def test_one_process_matches_the_hf_model(tmp_path):
+@pytest.fixture
+def one_process():
+    """The Megatron backend in this process makes a world of one; leave none behind for other tests."""
+    yield
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_one_process_matches_the_hf_model(one_process):
     """tp = pp = 1 in this process: the converted model's logprobs equal HF's (temperature 0.7)."""
     from agentrl.trainer.algorithm import RLObjective
     from agentrl.trainer.config import AlgoConfig, OptimConfig
