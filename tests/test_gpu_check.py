@@ -19,6 +19,7 @@ def test_the_gpu_check_dry_run_passes_on_cpu_and_says_what_it_did_not_check() ->
     table = proc.stdout
     for row in ("train bf16, packing, chunked scoring", "logprob mismatch, bf16 vs fp32", "LoRA r=16"):
         assert f"| {row}" in table and "PASS" in table.split(f"| {row}")[1].split("\n")[0], row
-    assert "QLoRA 4-bit" in table and "SKIP" in table.split("| QLoRA 4-bit")[1].split("\n")[0]
+    for row in ("QLoRA 4-bit", "Megatron step, TP=1, bf16"):
+        assert row in table and "SKIP" in table.split(f"| {row}")[1].split("\n")[0], row
     assert "NOT BUILT" in table and "FAIL" not in table
     assert "vocab 151," in table  # the real Qwen vocabulary

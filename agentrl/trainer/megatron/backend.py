@@ -116,6 +116,12 @@ class MegatronBackend:
             self.g.pp_ranks[self.g.pp_rank + 1] if self.g.pp_rank < self.g.pp - 1 else None,
         )  # fmt: skip
         self.dtype = compute_dtype(optim.precision, self.device)
+        if self.dtype != torch.float32 and self.device.type != "cuda":
+            raise BackendError(
+                f"--precision {optim.precision} with --backend megatron needs CUDA: Megatron's linear layers "
+                "autocast on CUDA only (their custom backward sees bf16 gradients against fp32 weights on a "
+                "CPU); use --precision fp32 here"
+            )
         self.model: Any = self._stage({k: v.detach() for k, v in model.state_dict().items()})
         self.model.train()
         self.ppo = value_head

@@ -178,3 +178,15 @@ def test_three_grpo_steps_equal_the_fsdp2_backend(tmp_path, tp, pp, family):
         if k == "lm_head.weight":  # tied: the embedding
             continue
         assert (final[k] - v).abs().max() < 1e-5, k
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a CPU")
+def test_bf16_on_a_cpu_is_refused_with_the_reason(one_process):
+    from agentrl.trainer.algorithm import RLObjective
+    from agentrl.trainer.config import AlgoConfig, OptimConfig
+    from agentrl.trainer.megatron.backend import MegatronBackend
+
+    with pytest.raises(BackendError, match="needs CUDA"):
+        MegatronBackend(
+            _qwen3(), AlgoConfig(), OptimConfig(precision="bf16"), objective=RLObjective(AlgoConfig())
+        )
