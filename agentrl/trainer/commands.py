@@ -53,6 +53,7 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
 
     from rich.console import Console
 
+    from agentrl.errors import ConfigError
     from agentrl.trainer.algorithm import make_backend
     from agentrl.trainer.evaluation import describe
     from agentrl.trainer.loop import progress_bar
@@ -62,6 +63,11 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
     from agentrl.trainer.weight_sync import make_sync
 
     cfg = _resolve(args)
+    if cfg.parallel.megatron:
+        raise ConfigError(
+            "parallel.backend='megatron': `agentrl sft` trains in one process on FSDP2; a Megatron warm start "
+            "is `agentrl train --backend megatron --sft-steps N` (under torchrun), which then trains RL too"
+        )
     console = Console()
     run_dir = start_run_dir(cfg)
     seed_everything(cfg.run.seed)

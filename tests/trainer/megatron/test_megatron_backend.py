@@ -122,11 +122,15 @@ def _torchrun(*args: str) -> None:
 
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
 def test_two_ranks_score_like_the_hf_model(tmp_path, tp, pp):
-    """TP = 2 (each rank half the vocabulary and heads) and PP = 2 (each rank two layers): every rank's
-    own rows score as the HF model scores them, to 1e-5."""
+    """TP = 2 (each rank half the vocabulary and heads) and PP = 2 (each rank two layers): the logits
+    equal the HF model's, and every rank's own rows score as the HF model scores them, to 1e-5."""
     out = str(tmp_path / "scores")
     _torchrun("scores", out, str(tp), str(pp))
     hf, batch = tiny_model(layers=4), fixed_batch()
+    with torch.no_grad():
+        hf_logits = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    real = batch.attention_mask > 0
+    assert (torch.load(f"{out}.logits.pt")[real] - hf_logits[real]).abs().max() < 1e-5
     want = _hf_logprobs(hf, batch, 0.7)
     for rank in range(2):
         rows = list(range(rank, len(batch), 2))
@@ -190,3 +194,21 @@ def test_bf16_on_a_cpu_is_refused_with_the_reason(one_process):
         MegatronBackend(
             _qwen3(), AlgoConfig(), OptimConfig(precision="bf16"), objective=RLObjective(AlgoConfig())
         )
+
+
+def test_sft_refuses_the_megatron_backend_naming_the_command_that_does_it(tmp_path, capsys):
+    from agentrl.cli import main
+
+    assert main(["sft", "--env", "countdown", "--backend", "megatron", "--run-dir", str(tmp_path)]) != 0
+    assert "agentrl train --backend megatron --sft-steps" in capsys.readouterr().err
+
+
+def test_tp_without_megatron_and_a_world_that_cannot_hold_replicas_are_refused():
+    from agentrl.errors import ConfigError
+    from agentrl.trainer.config import resolve
+    from agentrl.trainer.parallel_config import check_world
+
+    with pytest.raises(ConfigError, match="need --backend megatron"):
+        resolve(**{"parallel.tp": 2})
+    with pytest.raises(ConfigError, match="--nproc-per-node 4"):
+        check_world(resolve(**{"parallel.backend": "megatron", "parallel.tp": 2, "parallel.pp": 2}), 2)
