@@ -78,8 +78,9 @@ def check_world(cfg: TrainConfig, world: int) -> None:
               f"ranks; launch torchrun --nproc-per-node {p.tp * p.pp} (or a multiple)")  # fmt: skip
 
 
-def make_backend(cfg: TrainConfig, policy: Any, device: Any) -> Any:
-    """The run's training backend for ``policy`` (the HF model every rank loaded), the RL objective handed in."""
+def make_backend(cfg: TrainConfig, policy: Any, device: Any, timeout_s: float) -> Any:
+    """The run's training backend for ``policy`` (the HF model every rank loaded), the RL objective handed
+    in; ``timeout_s`` bounds the collectives of the process groups it creates (Megatron's)."""
     from agentrl.trainer.algorithm import RLObjective
 
     objective = RLObjective(cfg.algo, norm_tokens=cfg.rollout.max_new_tokens)
@@ -88,7 +89,11 @@ def make_backend(cfg: TrainConfig, policy: Any, device: Any) -> Any:
     if cfg.parallel.megatron:
         from agentrl.trainer.megatron.backend import MegatronBackend
 
-        return MegatronBackend(policy, cfg.algo, cfg.optim, tp=cfg.parallel.tp, pp=cfg.parallel.pp, **common)
+        be = MegatronBackend(
+            policy, cfg.algo, cfg.optim, tp=cfg.parallel.tp, pp=cfg.parallel.pp, timeout_s=timeout_s, **common
+        )
+        policy.to("meta")  # each rank keeps its shard only; the HF module stays for its names and shapes
+        return be
     from agentrl.trainer.backend import FSDP2Backend
 
     return FSDP2Backend(

@@ -28,6 +28,7 @@ forward and packing (each micro-batch is a padded rectangle).
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,9 @@ from agentrl.trainer.precision import autocast, compute_dtype
 __all__ = ["MegatronBackend", "init_parallel"]
 
 
-def init_parallel(tp: int, pp: int) -> Groups:
-    """Megatron's process groups for ``tp`` x ``pp`` over the current world (initialised once)."""
+def init_parallel(tp: int, pp: int, timeout_s: float = 1800.0) -> Groups:
+    """Megatron's process groups for ``tp`` x ``pp`` over the current world (initialised once); every
+    collective of theirs is bounded by ``timeout_s`` (the run's, as the world group's)."""
     from megatron.core import parallel_state as ps
 
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -66,13 +68,23 @@ def init_parallel(tp: int, pp: int) -> Groups:
     if not dist.is_initialized():  # one process: a group of one, so Megatron's collectives run
         if ps.model_parallel_is_initialized():  # left by an earlier run in this process, its groups gone
             ps.destroy_model_parallel()
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+        dist.init_process_group(
+            "gloo",
+            init_method="tcp://127.0.0.1:0",
+            rank=0,
+            world_size=1,
+            timeout=timedelta(seconds=timeout_s),
+        )
     if ps.model_parallel_is_initialized():
         have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
         if have != (tp, pp):
             raise BackendError(f"Megatron's parallel state is already tp x pp = {have}, asked {(tp, pp)}")
     else:
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
+        )
     apply_cpu_shims()
     return Groups()
 
@@ -80,7 +92,8 @@ def init_parallel(tp: int, pp: int) -> Groups:
 class MegatronBackend:
     """Trains an HF causal LM (Qwen2, Qwen3, Llama) as a Megatron model split ``tp`` x ``pp`` ways.
 
-    The arguments are :class:`~agentrl.trainer.backend.FSDP2Backend`'s, with ``tp`` and ``pp``.
+    The arguments are :class:`~agentrl.trainer.backend.FSDP2Backend`'s, with ``tp`` and ``pp``, and
+    ``timeout_s`` the deadline of Megatron's process groups' collectives.
     """
 
     sharded = True
@@ -100,13 +113,14 @@ class MegatronBackend:
         ref_model: nn.Module | None = None,
         temperature: float = 1.0,
         optimizer_factory: Any = None,
+        timeout_s: float = 1800.0,
     ) -> None:
         if not (math.isfinite(temperature) and temperature >= 0):
             raise BackendError(f"temperature={temperature!r}: must be finite and >= 0 (0: greedy)")
         self.algo, self.optim_cfg, self.objective, self.temperature = algo, optim, objective, temperature
         self.device = torch.device(device)
         self.lay: Layout = layout(model.config, tp, pp)
-        self.g = init_parallel(tp, pp)
+        self.g = init_parallel(tp, pp, timeout_s)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.hf_config: Any = model.config
