@@ -212,3 +212,33 @@ def test_tp_without_megatron_and_a_world_that_cannot_hold_replicas_are_refused()
         resolve(**{"parallel.tp": 2})
     with pytest.raises(ConfigError, match="--nproc-per-node 4"):
         check_world(resolve(**{"parallel.backend": "megatron", "parallel.tp": 2, "parallel.pp": 2}), 2)
+
+
+def test_a_checkpoint_loads_back_and_another_split_is_refused_with_the_fix(one_process, tmp_path):
+    """save / load in one process: the weights, the optimizer's moments and the update count come back;
+    a checkpoint written under another --tp / --pp is refused before anything changes, naming both."""
+    from agentrl.trainer.algorithm import RLObjective
+    from agentrl.trainer.config import AlgoConfig, OptimConfig
+    from agentrl.trainer.errors import CheckpointError
+    from agentrl.trainer.megatron.backend import MegatronBackend
+
+    batch = fixed_batch()
+    batch.input_ids.clamp_(max=60)
+    be = MegatronBackend(
+        _qwen3(), AlgoConfig(), OptimConfig(micro_batch_tokens=40), objective=RLObjective(AlgoConfig())
+    )
+    be.train_step(batch)
+    be.save(tmp_path / "ckpt", {"step": 1})
+    before = be.logprobs(batch)
+    fresh = MegatronBackend(
+        _qwen3(), AlgoConfig(), OptimConfig(micro_batch_tokens=40), objective=RLObjective(AlgoConfig())
+    )
+    assert fresh.load(tmp_path / "ckpt") == {"step": 1} and fresh.updates == 1
+    assert torch.equal(fresh.logprobs(batch), before)
+    moments = [s["exp_avg"] for s in fresh.optimizer.state_dict()["state"].values()]
+    assert moments and all(m.abs().sum() > 0 for m in moments)
+    state = torch.load(tmp_path / "ckpt" / "trainer_state.pt", weights_only=False)
+    state["layout"] = {"tp": 2, "pp": 1}
+    torch.save(state, tmp_path / "ckpt" / "trainer_state.pt")
+    with pytest.raises(CheckpointError, match="saved with --tp 2 --pp 1.*asked --tp 1 --pp 1"):
+        fresh.load(tmp_path / "ckpt")
