@@ -123,6 +123,8 @@ class MegatronBackend:
         self.g = init_parallel(tp, pp, timeout_s)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        self.comm = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+        """where collectives' own tensors live (NCCL reduces device tensors only)"""
         self.hf_config: Any = model.config
         self.pipe = Pipe(
             self.g.pp_rank, self.g.pp,
@@ -213,7 +215,9 @@ class MegatronBackend:
         finally:
             model.train(was)
         if self.g.pp > 1:  # the last stage scored: every stage returns it
-            dist.broadcast(out, src=self.g.pp_ranks[-1], group=self.g.pp_group)
+            box = out.to(self.comm)
+            dist.broadcast(box, src=self.g.pp_ranks[-1], group=self.g.pp_group)
+            out = box.cpu()
         return out
 
     @torch.no_grad()
@@ -242,9 +246,9 @@ class MegatronBackend:
     def _dp_sum(self, xs: list[float]) -> list[float]:
         if self.g.dp == 1:
             return xs
-        t = torch.tensor(xs, dtype=torch.float64)
+        t = torch.tensor(xs, dtype=torch.float64, device=self.comm)
         dist.all_reduce(t, group=self.g.dp_group)
-        return t.tolist()
+        return t.cpu().tolist()
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """Epochs x mini-batches of optimizer updates on this replica's rows (see the module docstring)."""
@@ -370,7 +374,7 @@ class MegatronBackend:
     def _clip(self) -> float:
         """The global gradient norm (each parameter counted once across TP shards, stages and the tied
         copy), clipped to ``optim.grad_clip``."""
-        sq = torch.zeros((), dtype=torch.float64)
+        sq = torch.zeros((), dtype=torch.float64, device=self.comm)
         tied_copy = self.lay.tied and self.g.pp > 1 and self.pipe.last
         for name, p in self._named_params():
             if p.grad is None:
@@ -378,7 +382,7 @@ class MegatronBackend:
             split = self.g.tp > 1 and tp_split_dims(name) is not None
             if (not split and self.g.tp_rank != 0) or (tied_copy and name == "output_layer.weight"):
                 continue
-            sq += p.grad.double().pow(2).sum()
+            sq += p.grad.double().pow(2).sum().to(self.comm)
         if self.g.mp > 1:
             dist.all_reduce(sq, group=self.g.mp_group)
         norm = float(sq.sqrt())
