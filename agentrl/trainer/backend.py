@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -41,6 +41,7 @@ from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError
 from agentrl.trainer.forward import ValueHead, first_trained_column, plain_logits, shared_logits, token_scores
 from agentrl.trainer.offpolicy import mismatch_stats
+from agentrl.trainer.optimizer import Factory, make_optimizer
 from agentrl.trainer.packing import micro_batches, packed_logits, packing_attention
 from agentrl.trainer.precision import autocast, compute_dtype
 from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys
@@ -86,10 +87,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def _lr_lambda(warmup: int) -> Callable[[int], float]:
-    return lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
-
-
 class FSDP2Backend:
     """Trains an HF causal LM on the losses of the ``objective`` it is handed.
 
@@ -120,7 +117,7 @@ class FSDP2Backend:
         activation_checkpointing: bool = False,
         cpu_offload: bool = False,
         share_prompts: bool = True,
-        optimizer_factory: Callable[[list[nn.Parameter]], torch.optim.Optimizer] | None = None,
+        optimizer_factory: Factory | None = None,
         temperature: float = 1.0,
     ) -> None:
         if not (math.isfinite(temperature) and temperature >= 0):
@@ -162,10 +159,8 @@ class FSDP2Backend:
             self.set_reference(ref_model)
         self.optimizer: torch.optim.Optimizer
         self.scheduler: torch.optim.lr_scheduler.LRScheduler
+        self._factory = optimizer_factory
         self.reset_optimizer(optim)
-        if optimizer_factory is not None:
-            self.optimizer = optimizer_factory([p for p in self._params() if p.requires_grad])
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
 
     # ------------------------------------------------------------ setup
 
@@ -481,13 +476,9 @@ class FSDP2Backend:
             p.requires_grad_(False)
 
     def reset_optimizer(self, optim: OptimConfig) -> None:
-        """A fresh AdamW (and warm-up schedule) over the same parameters, e.g. after the warm start."""
+        """A fresh optimizer (and warm-up schedule) over the same parameters, e.g. after the warm start."""
         self.optim_cfg = optim
-        params = [p for p in self._params() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.99)
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
+        self.optimizer, self.scheduler = make_optimizer(self._params(), optim, self._factory)
         self.updates = 0
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:

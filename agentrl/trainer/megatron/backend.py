@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.trainer.backend import Objective, _lr_lambda
+from agentrl.trainer.backend import Objective
 from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
 from agentrl.trainer.config import AlgoConfig, OptimConfig
 from agentrl.trainer.errors import BackendError
@@ -49,6 +49,7 @@ from agentrl.trainer.megatron.schedule import Pipe, run
 from agentrl.trainer.megatron.vocab import vocab_parallel_scores
 from agentrl.trainer.megatron.weights import Groups, gather_hf, load_stage
 from agentrl.trainer.offpolicy import mismatch_stats
+from agentrl.trainer.optimizer import Factory, make_optimizer
 from agentrl.trainer.precision import autocast, compute_dtype
 
 __all__ = ["MegatronBackend", "init_parallel"]
@@ -112,7 +113,7 @@ class MegatronBackend:
         value_head: bool = False,
         ref_model: nn.Module | None = None,
         temperature: float = 1.0,
-        optimizer_factory: Any = None,
+        optimizer_factory: Factory | None = None,
         timeout_s: float = 1800.0,
     ) -> None:
         if not (math.isfinite(temperature) and temperature >= 0):
@@ -151,10 +152,8 @@ class MegatronBackend:
         if ref_model is not None:
             self.set_reference(ref_model)
         self.capture: dict[int, tuple[list[int], list[float], list[float]]] | None = None
+        self._factory = optimizer_factory
         self.reset_optimizer(optim)
-        if optimizer_factory is not None:
-            self.optimizer = optimizer_factory([p for p in self._params() if p.requires_grad])
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
 
     def _stage(self, hf: dict[str, torch.Tensor]) -> nn.Module:
         m = build(self.lay, pre_process=self.pipe.first, post_process=self.pipe.last).to(self.device)
@@ -422,13 +421,9 @@ class MegatronBackend:
         raise BackendError("--backend megatron does not train LoRA adapters yet; use --backend fsdp2")
 
     def reset_optimizer(self, optim: OptimConfig) -> None:
-        """A fresh AdamW over this rank's shards (and warm-up schedule)."""
+        """A fresh optimizer over this rank's shards (and warm-up schedule)."""
         self.optim_cfg = optim
-        params = [p for p in self._params() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.99)
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(optim.warmup_steps))
+        self.optimizer, self.scheduler = make_optimizer(self._params(), optim, self._factory)
         self.updates = 0
 
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
