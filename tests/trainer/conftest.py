@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,3 +20,15 @@ def slow_updates(monkeypatch: pytest.MonkeyPatch) -> None:
         return step(self, batch)  # type: ignore[arg-type]
 
     monkeypatch.setattr(FSDP2Backend, "train_step", slow)
+
+
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A countdown model after a short warm start: some episodes solve, some do not."""
+    from agentrl.cli import main
+
+    run = tmp_path_factory.mktemp("sft")
+    args = ["sft", "--env", "countdown", "--sft-steps", "40", "--eval-episodes", "4", "--run-dir", str(run),
+            "--no-progress", "--no-tensorboard"]  # fmt: skip
+    assert main(args) == 0
+    return run / "model"

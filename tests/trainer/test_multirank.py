@@ -31,27 +31,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory) -> Path:
-    """A countdown model after a short warm start: some episodes solve, some do not."""
-    run = tmp_path_factory.mktemp("sft")
-    args = [
-        "sft",
-        "--env",
-        "countdown",
-        "--sft-steps",
-        "40",
-        "--eval-episodes",
-        "4",
-        "--run-dir",
-        str(run),
-        "--no-progress",
-        "--no-tensorboard",
-    ]
-    assert main(args) == 0
-    return run / "model"
-
-
 def _args(model: Path, run_dir: Path) -> list[str]:
     return [
         "train",

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.cli import main
 from agentrl.trainer.metrics import read_jsonl
 
 pytest.importorskip("megatron.core", reason="megatron-core is a dev dependency (pip install -e '.[dev]')")
@@ -26,16 +25,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory) -> Path:
-    """A countdown model after a short warm start: some episodes solve, some do not."""
-    run = tmp_path_factory.mktemp("sft")
-    args = ["sft", "--env", "countdown", "--sft-steps", "40", "--eval-episodes", "4", "--run-dir", str(run),
-            "--no-progress", "--no-tensorboard"]  # fmt: skip
-    assert main(args) == 0
-    return run / "model"
 
 
 def _torchrun(model: Path, run_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
