@@ -9,8 +9,8 @@ so they use the same machine:
    ``torchrun --nproc-per-node 2``: FSDP2 (two data-parallel ranks, the default backend) and
    ``--backend megatron --tp 2`` (one replica whose two ranks split every layer).
 
-Both backends compute the same gradient for the same rows (tests/trainer/test_megatron*.py); the
-loop gives every rank its share of the step's tasks on either backend. Each run gets
+Both backends compute the same gradient for the same rows (tests/trainer/megatron/); on either
+backend every rank rolls out its own share of the step's tasks in its own engine. Each run gets
 ``OMP_NUM_THREADS=1``, ``--threads 1`` (one torch thread per rank) and a free rendezvous port.
 
 Prints one row per run (held-out greedy solved and pass@1 at the start and end of RL, wall time,
