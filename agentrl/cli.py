@@ -11,12 +11,19 @@ Ctrl-C unwinds the command (its engines, sandboxes, Ray actors are stopped on th
 exits with 130. That cleanup has a deadline (``AGENTRL_INTERRUPT_DEADLINE_S``, default 90 s): past
 it the command prints every thread's stack (where it is stuck), kills the processes it started
 (and theirs) and exits 130 anyway. ``kill -USR1``
-prints the stacks of a running command without stopping it.
+prints the stacks of a running command without stopping it; a fatal signal (a crash in native code)
+prints them too before the process dies.
+
+A process that was a ``torchrun`` rank ends without the interpreter's teardown: the atexit handlers
+run and the output is flushed, then the process exits with its code (:func:`run`). Tearing the
+interpreter down while a native collective thread of the process group still drops its last
+references crashed ranks of runs that had succeeded (SIGABRT, ``free(): invalid pointer``).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import faulthandler
 import importlib
@@ -30,7 +37,7 @@ from typing import Any
 from agentrl import __version__
 from agentrl.errors import AgentRLError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]
 
 # Modules that add subcommands, in the order they appear in --help.
 COMMAND_MODULES = (
@@ -143,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if main_thread and hasattr(signal, "SIGUSR1"):
         with contextlib.suppress(AttributeError, ValueError, OSError):  # no real stderr (captured)
             faulthandler.register(signal.SIGUSR1, file=2, all_threads=True, chain=True)
+            if not faulthandler.is_enabled():  # a test runner's own handler stays as it is
+                faulthandler.enable(file=2, all_threads=True)
     try:
         return int(args.func(args) or 0)
     except AgentRLError as e:
@@ -158,5 +167,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
+def run() -> None:
+    """The program's entry point (``agentrl``, ``python -m agentrl.cli``): :func:`main`, then exit
+    with its code; a former ``torchrun`` rank skips the interpreter's teardown (module docstring)."""
+    code = main()
+    ranks = sys.modules.get("agentrl.trainer.distributed")  # imported only by a run that trained
+    if ranks is None or not ranks.left_a_process_group():
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -88,3 +88,40 @@ def test_a_cleanup_stuck_after_ctrl_c_prints_the_stacks_and_exits_130_at_its_dea
     time.sleep(0.5)
     state = Path(f"/proc/{child}/stat")
     assert not state.exists() or state.read_text().split(") ")[1][0] == "Z", "the child outlived the command"
+
+
+def test_a_former_torchrun_rank_exits_with_its_code_after_the_atexit_handlers_and_flushed_output(tmp_path):
+    """A process that left a process group skips the interpreter's teardown (where native collective
+    threads crashed ranks of finished runs); its exit handlers still run, its output still arrives,
+    and its exit code is the command's."""
+    marker = tmp_path / "atexit-ran"
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import atexit, os, sys\n"
+        "import agentrl.cli as cli\n"
+        "import agentrl.trainer.distributed as ranks\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('yes'))\n"
+        "class Global:\n"
+        "    def __del__(self, write=os.write):  # module globals are gone by then\n"
+        "        write(2, b'torn down')\n"
+        "held = Global()  # freed only by the interpreter's teardown\n"
+        "ranks._left_group = True\n"
+        "sys.argv = ['agentrl', *sys.argv[1:]]\n"
+        "print('buffered, not flushed', end='')\n"
+        "cli.run()\n"
+        "print('not reached')\n"
+    )
+    ok = subprocess.run([sys.executable, str(script), "version"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("buffered, not flushed") and __version__ in ok.stdout
+    assert "not reached" not in ok.stdout and "torn down" not in ok.stderr
+    assert marker.read_text() == "yes"
+    marker.unlink()
+    bad = subprocess.run(
+        [sys.executable, str(script), "train", "--env", "no-such-env-v0", "--run-dir", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "unknown env" in bad.stderr
+    assert marker.read_text() == "yes"

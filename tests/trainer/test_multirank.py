@@ -84,7 +84,7 @@ def test_two_ranks_train_like_one_process(warm_model, tmp_path):
         text=True,
         timeout=300,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-4000:]
     assert "(2 ranks)" in proc.stdout
 
     rows1, rows2 = read_jsonl(one / "metrics.jsonl"), read_jsonl(two / "metrics.jsonl")
@@ -164,7 +164,7 @@ def test_async_rollout_under_torchrun_trains_every_task_once_within_the_bound(wa
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
            str(_free_port()), "-m", "agentrl.cli", *args, "--max-staleness", "1", "--overprovision", "2"]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-4000:]
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["train/staleness_max"] <= 1 for r in rows)  # no trained token past the bound
@@ -185,7 +185,7 @@ def test_a_resumed_kl_run_under_torchrun_keeps_the_start_of_rl_reference(warm_mo
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(_free_port()), "-m", "agentrl.cli", *_args(warm_model, run), *kl, *resume]  # fmt: skip
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-4000:]
     ra = next(r for r in read_jsonl(a / "metrics.jsonl") if r["kind"] == "train" and r["step"] == 3)
     rb = next(r for r in read_jsonl(b / "metrics.jsonl") if r["kind"] == "train" and r["step"] == 3)
     assert ra["train/kl"] > 1e-4  # two updates away from the reference
@@ -206,7 +206,7 @@ def test_agent_programs_under_torchrun_each_rank_plays_its_share(tmp_path):
            "--eval-episodes", "2", "--eval-samples", "0", "--sft-steps", "2", "--sft-batch-size", "4",
            "--eval-every", "0", "--steps", "2", "--run-dir", str(run), "--no-progress", "--no-tensorboard"]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-4000:]
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["kind"] == "train"]
     assert [(r["rollout/episodes_ok"], r["rollout/groups"], r["rollout/infra_retries"]) for r in rows] == [
         (4.0, 2.0, 0.0)
@@ -233,7 +233,7 @@ def test_a_lora_run_under_torchrun_shards_the_adapter_and_resumes_exactly(warm_m
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(_free_port()), "-m", "agentrl.cli", *_args(warm_model, run), *lora, *resume]  # fmt: skip
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-4000:]
     rows = [r for r in read_jsonl(a / "metrics.jsonl") if r["kind"] == "train"]
     for r in rows:
         assert 0 < r["sync/bytes"] < r["sync/full_bytes"] / 5

@@ -94,7 +94,7 @@ def test_one_process_syncs_the_engine_through_every_transport(warm_model, tmp_pa
            "--backend", "megatron", "--weight-sync", sync]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-4000:]
     rows = _train_rows(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["train/mismatch_abs_logp"] < 1e-5 and r["sync/version"] == r["step"] for r in rows)
