@@ -43,7 +43,7 @@ from agentrl.trainer.forward import ValueHead, first_trained_column, plain_logit
 from agentrl.trainer.offpolicy import mismatch_stats
 from agentrl.trainer.optimizer import Factory, make_optimizer
 from agentrl.trainer.packing import micro_batches, packed_logits, packing_attention
-from agentrl.trainer.precision import autocast, compute_dtype
+from agentrl.trainer.precision import autocast, compute_dtype, store_frozen
 from agentrl.trainer.prefix import plan_shared_prompts, prompt_keys
 
 __all__ = ["FSDP2Backend", "Objective", "TrainBackend", "ValueHead", "decoder_layers"]
@@ -150,9 +150,11 @@ class FSDP2Backend:
         self.share_prompts &= attn in ("sdpa", "eager") and not activation_checkpointing and not self.sharded
         self.dtype = compute_dtype(optim.precision, self.device)  # bf16: autocast, or FSDP2's policy
         self.score_chunk = optim.score_chunk_tokens if self._logits_to_keep or not self.sharded else 0
+        self.lora = is_lora(model)  # --lora-rank: the adapter trains, syncs and is saved alone
+        if self.lora:  # its frozen base in the compute dtype: half the memory under bf16, the same scores
+            store_frozen(model, self.dtype)
         if self.sharded:
             self._shard(cpu_offload)
-        self.lora = is_lora(model)  # --lora-rank: the adapter trains, syncs and is saved alone
         self.ref_adapter: AdapterReference | None = None
         self.ref_model: nn.Module | None = None
         if ref_model is not None:
@@ -470,10 +472,13 @@ class FSDP2Backend:
         self.ref_adapter = AdapterReference(self.model, tensors)
 
     def set_reference(self, model: nn.Module) -> None:
-        """The frozen reference policy of the KL penalty (kept whole on every rank)."""
-        self.ref_model = model.to(self.device).eval()
-        for p in self.ref_model.parameters():
+        """The frozen reference policy of the KL penalty (kept whole on every rank), stored in the
+        compute dtype as far as that leaves its scores unchanged (:func:`store_frozen`): beside a
+        sharded policy, whose FSDP2 policy computes every layer in bf16, all of it."""
+        for p in model.parameters():
             p.requires_grad_(False)
+        store_frozen(model, self.dtype, whole=self.sharded)
+        self.ref_model = model.to(self.device).eval()
 
     def reset_optimizer(self, optim: OptimConfig) -> None:
         """A fresh optimizer (and warm-up schedule) over the same parameters, e.g. after the warm start."""

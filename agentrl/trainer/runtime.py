@@ -275,11 +275,16 @@ def build_runtime(
 
             policy = load_4bit(path, device)
         else:
-            policy = load_model(path).to(device=device, dtype=torch.float32)
+            policy = load_model(path).to(dtype=torch.float32)  # on the host; on the device below
         if cfg.lora.enabled:  # the base frozen, the adapter trains (agentrl.models.lora)
             from agentrl.models.lora import apply_lora
+            from agentrl.trainer.precision import compute_dtype, store_frozen
 
             apply_lora(policy, cfg.lora.spec(), base=path)
+            if not cfg.lora.quantize:  # the base in the compute dtype before it reaches the device
+                store_frozen(policy, compute_dtype(cfg.optim.precision, torch.device(device)))
+        if not cfg.lora.quantize:  # a 4-bit base is placed as it loads
+            policy = policy.to(device)
         if not cfg.rollout.session_url and not cfg.cluster.ray and cfg.model.engine == "hf":
             sessions, engine = _local_sessions(cfg, tokenizer, path, name, device)
         gateway, agent = _agent(cfg, sessions, loop, run_dir)
