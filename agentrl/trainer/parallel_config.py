@@ -10,7 +10,9 @@ either behind the same contract.
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentrl.configlib import fail as _fail
@@ -52,6 +54,7 @@ class ParallelConfig:
 def check_parallel(cfg: TrainConfig) -> None:
     """What the Megatron backend needs of the rest of the config, checked before any model loads."""
     p = cfg.parallel
+    _check_resume_split(cfg)
     if not p.megatron:
         return
     if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
@@ -68,6 +71,28 @@ def check_parallel(cfg: TrainConfig) -> None:
     if cfg.model.activation_checkpointing or cfg.model.cpu_offload:
         _fail("model", "activation_checkpointing/cpu_offload", (cfg.model.activation_checkpointing,
               cfg.model.cpu_offload), "are FSDP2's; --backend megatron does not recompute or offload yet")  # fmt: skip
+
+
+def _check_resume_split(cfg: TrainConfig) -> None:
+    """A checkpoint resumes under the backend and split that saved it (its optimizer state is per
+    shard); refused here, before any model loads, naming both."""
+    path = Path(cfg.run.resume) if cfg.run.resume else None
+    if path is None or not (path / "trainer_state.pt").is_file():
+        return  # no resume, or not a checkpoint: loading it says what is missing
+    shards = [re.fullmatch(r"tp(\d+)_pp(\d+)\.pt", f.name) for f in (path / "megatron").glob("tp*_pp*.pt")]
+    split = [(int(m[1]), int(m[2])) for m in shards if m]
+    p = cfg.parallel
+    if split:
+        tp, pp = 1 + max(t for t, _ in split), 1 + max(s for _, s in split)
+        if not p.megatron or (tp, pp) != (p.tp, p.pp):
+            asked = f"--backend megatron --tp {p.tp} --pp {p.pp}" if p.megatron else f"--backend {p.backend}"
+            _fail("run", "resume", cfg.run.resume, f"was saved by --backend megatron --tp {tp} --pp {pp} and this "
+                  f"run asks {asked}; resume with the split that saved it, or start a new run from its "
+                  f"weights with --model {cfg.run.resume}")  # fmt: skip
+    elif p.megatron:
+        _fail("run", "resume", cfg.run.resume, "was saved by --backend fsdp2 (no megatron/ optimizer shards); "
+              "resume it with --backend fsdp2, or start a --backend megatron run from its weights with "
+              f"--model {cfg.run.resume}")  # fmt: skip
 
 
 def check_world(cfg: TrainConfig, world: int) -> None:

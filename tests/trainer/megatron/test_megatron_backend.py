@@ -242,3 +242,30 @@ def test_a_checkpoint_loads_back_and_another_split_is_refused_with_the_fix(one_p
     torch.save(state, tmp_path / "ckpt" / "trainer_state.pt")
     with pytest.raises(CheckpointError, match="saved with --tp 2 --pp 1.*asked --tp 1 --pp 1"):
         fresh.load(tmp_path / "ckpt")
+
+
+def test_a_checkpoint_resumes_only_under_the_backend_and_split_that_saved_it_refused_before_loading(tmp_path):
+    """Checked with the config, before any model loads: a Megatron checkpoint's optimizer state is per
+    shard (FSDP2 would fail on its missing optimizer state, another split on its shards), and an
+    FSDP2 checkpoint has no shards for Megatron; each refusal names both and the fix."""
+    from agentrl.errors import ConfigError
+    from agentrl.trainer.config import resolve
+
+    mg, fsdp = tmp_path / "mg" / "step-2", tmp_path / "fsdp" / "step-2"
+    (mg / "megatron").mkdir(parents=True)
+    fsdp.mkdir(parents=True)
+    for f in (mg / "trainer_state.pt", fsdp / "trainer_state.pt", *(mg / "megatron" / f"tp{t}_pp{p}.pt"
+              for t in range(2) for p in range(2))):  # fmt: skip
+        f.write_bytes(b"")
+    with pytest.raises(
+        ConfigError, match=r"saved by --backend megatron --tp 2 --pp 2 and this run asks --backend fsdp2"
+    ):
+        resolve(**{"run.resume": str(mg)})
+    with pytest.raises(
+        ConfigError, match=r"--tp 2 --pp 2 and this run asks --backend megatron --tp 2 --pp 1.*--model"
+    ):
+        resolve(**{"run.resume": str(mg), "parallel.backend": "megatron", "parallel.tp": 2})
+    resolve(**{"run.resume": str(mg), "parallel.backend": "megatron", "parallel.tp": 2, "parallel.pp": 2})
+    with pytest.raises(ConfigError, match=r"saved by --backend fsdp2 .*resume it with --backend fsdp2"):
+        resolve(**{"run.resume": str(fsdp), "parallel.backend": "megatron"})
+    resolve(**{"run.resume": str(fsdp)})
