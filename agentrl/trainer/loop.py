@@ -208,7 +208,7 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
         rt.close()
         raise
     try:  # FSDP2 or Megatron (--backend), the RL objective handed in
-        be = make_backend(cfg, rt.policy, rt.device, rt.loop_timeout_s)
+        be = make_backend(cfg, rt.policy, rt.device, rt.loop_timeout_s, weights=rt.policy_weights)
     except BaseException:
         rt.close()
         raise

@@ -103,9 +103,10 @@ def check_world(cfg: TrainConfig, world: int) -> None:
               f"ranks; launch torchrun --nproc-per-node {p.tp * p.pp} (or a multiple)")  # fmt: skip
 
 
-def make_backend(cfg: TrainConfig, policy: Any, device: Any, timeout_s: float) -> Any:
+def make_backend(cfg: TrainConfig, policy: Any, device: Any, timeout_s: float, weights: Any = None) -> Any:
     """The run's training backend for ``policy`` (the HF model every rank loaded), the RL objective handed
-    in; ``timeout_s`` bounds the collectives of the process groups it creates (Megatron's)."""
+    in; ``timeout_s`` bounds the collectives of the process groups it creates (Megatron's). Megatron:
+    ``weights`` are the policy's tensors when ``policy`` is on the meta device (read lazily)."""
     from agentrl.trainer.algorithm import RLObjective
 
     objective = RLObjective(cfg.algo, norm_tokens=cfg.rollout.max_new_tokens)
@@ -115,8 +116,9 @@ def make_backend(cfg: TrainConfig, policy: Any, device: Any, timeout_s: float) -
         from agentrl.trainer.megatron.backend import MegatronBackend
 
         be = MegatronBackend(
-            policy, cfg.algo, cfg.optim, tp=cfg.parallel.tp, pp=cfg.parallel.pp, timeout_s=timeout_s, **common
-        )
+            policy, cfg.algo, cfg.optim, tp=cfg.parallel.tp, pp=cfg.parallel.pp, timeout_s=timeout_s,
+            weights=weights, **common,
+        )  # fmt: skip
         policy.to("meta")  # each rank keeps its shard only; the HF module stays for its names and shapes
         return be
     from agentrl.trainer.backend import FSDP2Backend

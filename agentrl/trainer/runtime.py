@@ -19,7 +19,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -102,6 +102,8 @@ class Runtime:
     replicas of ``--ray``); stopped on close."""
     gateway: EmbeddedGateway | None = None
     """With ``--agent``: the session gateway the agent programs talk to, on the run's loop; stopped on close."""
+    policy_weights: Mapping[str, torch.Tensor] | None = None
+    """``--backend megatron``: the policy's tensors, read lazily (``policy`` is then on the meta device)."""
 
     @property
     def loop_timeout_s(self) -> float:
@@ -246,6 +248,7 @@ def build_runtime(
     ``cluster.ray`` the engine replicas are this process's share, started by ``start_parts``.
     """
     from agentrl.models import load_model, load_tokenizer, resolve
+    from agentrl.trainer.megatron.weights import lazy_policy as _lazy_policy
 
     ranks = ranks or Ranks()
     if cfg.model.threads:
@@ -270,10 +273,13 @@ def build_runtime(
         elif cfg.model.engine != "hf":  # started (or reached) before the policy loads, for the same reason
             engine, server = _engine_server(cfg, name, run_dir, ranks)
             sessions = _manager(tokenizer, engine, name, gateway=bool(cfg.rollout.agent))
+        weights: Mapping[str, torch.Tensor] | None = None
         if cfg.lora.quantize:  # QLoRA: a 4-bit base (CUDA; agentrl.models.lora.load_4bit)
             from agentrl.models.lora import load_4bit
 
             policy = load_4bit(path, device)
+        elif cfg.parallel.megatron and (lazy := _lazy_policy(path)) is not None:  # each rank reads its shard
+            policy, weights = lazy
         else:
             policy = load_model(path).to(dtype=torch.float32)  # on the host; on the device below
         if cfg.lora.enabled:  # the base frozen, the adapter trains (agentrl.models.lora)
@@ -283,7 +289,7 @@ def build_runtime(
             apply_lora(policy, cfg.lora.spec(), base=path)
             if not cfg.lora.quantize:  # the base in the compute dtype before it reaches the device
                 store_frozen(policy, compute_dtype(cfg.optim.precision, torch.device(device)))
-        if not cfg.lora.quantize:  # a 4-bit base is placed as it loads
+        if not cfg.lora.quantize and weights is None:  # a 4-bit base is placed as it loads; meta stays
             policy = policy.to(device)
         if not cfg.rollout.session_url and not cfg.cluster.ray and cfg.model.engine == "hf":
             sessions, engine = _local_sessions(cfg, tokenizer, path, name, device)
@@ -307,7 +313,7 @@ def build_runtime(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return Runtime(
         cfg, device, tokenizer, policy, engine, sessions, env_factory, rollout, loop, int(pad), ranks, server,
-        gateway,
+        gateway, weights,
     )  # fmt: skip
 
 

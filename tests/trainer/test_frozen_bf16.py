@@ -137,7 +137,7 @@ def test_beside_a_sharded_bf16_policy_the_reference_is_bf16_and_scores_as_the_po
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1])}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-         str(_free_port()), str(HERE / "_frozen_worker.py"), str(out)],
+         str(_free_port()), str(HERE / "_frozen_worker.py"), str(out), "reference"],
         env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
@@ -145,6 +145,29 @@ def test_beside_a_sharded_bf16_policy_the_reference_is_bf16_and_scores_as_the_po
     assert got["ref_dtypes"] == ["torch.bfloat16"]
     assert torch.equal(got["policy"], got["ref"])
     assert got["policy"].abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_a_sharded_lora_base_in_bf16_scores_and_trains_exactly_as_the_float32_base(tmp_path):
+    """Two gloo ranks, FSDP2 computing in bf16: a frozen base stored in bf16 beside an fp32 adapter
+    (one FSDP2 group, two dtypes) scores and updates the adapter as the fp32 base does."""
+    out = tmp_path / "lora.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+         str(_free_port()), str(HERE / "_frozen_worker.py"), str(out), "lora"],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    got = torch.load(out)
+    assert got[True]["base_dtypes"] == [
+        "torch.bfloat16",
+        "torch.float32",
+    ]  # linears bf16; embedding, norms fp32
+    assert got[False]["base_dtypes"] == ["torch.float32"]
+    assert torch.equal(got[True]["logp"], got[False]["logp"])
+    for name, t in got[False]["adapter"].items():
+        assert torch.equal(got[True]["adapter"][name], t), name
 
 
 def _free_port() -> int:

@@ -28,6 +28,7 @@ forward and packing (each micro-batch is a padded rectangle).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,11 @@ def init_parallel(tp: int, pp: int, timeout_s: float = 1800.0) -> Groups:
 class MegatronBackend:
     """Trains an HF causal LM (Qwen2, Qwen3, Llama) as a Megatron model split ``tp`` x ``pp`` ways.
 
-    The arguments are :class:`~agentrl.trainer.backend.FSDP2Backend`'s, with ``tp`` and ``pp``, and
-    ``timeout_s`` the deadline of Megatron's process groups' collectives.
+    The arguments are :class:`~agentrl.trainer.backend.FSDP2Backend`'s, with ``tp`` and ``pp``,
+    ``timeout_s`` the deadline of Megatron's process groups' collectives, and ``weights`` the HF
+    tensors to start from when ``model`` holds none (on the meta device: its config, names and
+    shapes only), e.g. a :class:`~agentrl.trainer.megatron.weights.SafetensorsWeights` that reads
+    only this rank's shard.
     """
 
     sharded = True
@@ -115,6 +119,7 @@ class MegatronBackend:
         temperature: float = 1.0,
         optimizer_factory: Factory | None = None,
         timeout_s: float = 1800.0,
+        weights: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         if not (math.isfinite(temperature) and temperature >= 0):
             raise BackendError(f"temperature={temperature!r}: must be finite and >= 0 (0: greedy)")
@@ -139,7 +144,7 @@ class MegatronBackend:
                 "autocast on CUDA only (their custom backward sees bf16 gradients against fp32 weights on a "
                 "CPU); use --precision fp32 here"
             )
-        self.model: Any = self._stage({k: v.detach() for k, v in model.state_dict().items()})
+        self.model: Any = self._stage(weights if weights is not None else _tensors(model))
         self.model.train()
         self.ppo = value_head
         self.value_head = (
@@ -155,7 +160,7 @@ class MegatronBackend:
         self._factory = optimizer_factory
         self.reset_optimizer(optim)
 
-    def _stage(self, hf: dict[str, torch.Tensor]) -> nn.Module:
+    def _stage(self, hf: Mapping[str, torch.Tensor]) -> nn.Module:
         m = build(self.lay, pre_process=self.pipe.first, post_process=self.pipe.last).to(self.device)
         load_stage(m, hf, self.lay, self.g)
         return m
@@ -411,9 +416,9 @@ class MegatronBackend:
             full.setdefault("lm_head.weight", full["model.embed_tokens.weight"])
         return full if all_ranks or self.rank == 0 else {}
 
-    def set_reference(self, model: nn.Module) -> None:
-        """The frozen KL reference, split like the policy."""
-        self.ref_model = self._stage({k: v.detach() for k, v in model.state_dict().items()}).eval()
+    def set_reference(self, model: nn.Module | Mapping[str, torch.Tensor]) -> None:
+        """The frozen KL reference, split like the policy: an HF model, or its tensors (read lazily)."""
+        self.ref_model = self._stage(model if isinstance(model, Mapping) else _tensors(model)).eval()
         for p in self.ref_model.parameters():
             p.requires_grad_(False)
 
@@ -433,3 +438,7 @@ class MegatronBackend:
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore weights, optimizer, scheduler and value head from :meth:`save`; returns ``extra``."""
         return checkpoint.load(self, path)
+
+
+def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach() for k, v in model.state_dict().items()}

@@ -22,6 +22,8 @@ shards between ranks). The layouts, per decoder layer (``Layout`` in :mod:`.mode
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from agentrl.trainer.errors import BackendError
@@ -57,7 +59,7 @@ def tp_split_dims(name: str) -> int | None:
     return None
 
 
-def _need(w: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+def _need(w: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
     if name not in w:
         raise BackendError(f"the HF state dict has no {name!r}; it is not a Qwen2/Qwen3/Llama decoder")
     return w[name]
@@ -86,19 +88,23 @@ def _vocab(lay: Layout, w: torch.Tensor) -> torch.Tensor:
 
 
 def hf_to_stage(
-    w: dict[str, torch.Tensor], lay: Layout, tp_rank: int, pp_rank: int
+    w: Mapping[str, torch.Tensor], lay: Layout, tp_rank: int, pp_rank: int
 ) -> dict[str, torch.Tensor]:
-    """The Megatron state dict of stage ``pp_rank``, tensor-parallel rank ``tp_rank``, from HF ``w``."""
-    out: dict[str, torch.Tensor] = {}
+    """The Megatron state dict of stage ``pp_rank``, tensor-parallel rank ``tp_rank``, from HF ``w``.
+
+    ``w`` is read one tensor at a time, only for what the stage holds, and each tensor is cut to this
+    rank's shard as it is read: a lazy ``w`` (:class:`~agentrl.trainer.megatron.weights.SafetensorsWeights`)
+    never puts more than the shard and one whole tensor in memory.
+    """
+    out: _Shards = _Shards(lay.tp, tp_rank)
     first, last = pp_rank == 0, pp_rank == lay.pp - 1
-    embed = _need(w, "model.embed_tokens.weight")
     if first:
-        out["embedding.word_embeddings.weight"] = _vocab(lay, embed)
+        out["embedding.word_embeddings.weight"] = _vocab(lay, _need(w, "model.embed_tokens.weight"))
     if last:
         out["decoder.final_layernorm.weight"] = _need(w, "model.norm.weight")
-        head = embed if lay.tied else _need(w, "lm_head.weight")
+        head = "model.embed_tokens.weight" if lay.tied else "lm_head.weight"
         if not (lay.tied and first):  # a single stage's tied head *is* the embedding
-            out["output_layer.weight"] = _vocab(lay, head)
+            out["output_layer.weight"] = _vocab(lay, _need(w, head))
     n = lay.layers_per_stage
     for local in range(n):
         h, d = _H.format(pp_rank * n + local), _D.format(local)
@@ -118,7 +124,18 @@ def hf_to_stage(
         gate, up = _need(w, h + "mlp.gate_proj.weight"), _need(w, h + "mlp.up_proj.weight")
         out[d + "mlp.linear_fc1.weight"] = torch.stack([gate, up])  # split per rank below
         out[d + "mlp.linear_fc2.weight"] = _need(w, h + "mlp.down_proj.weight")
-    return {k: _shard(k, v, lay.tp, tp_rank) for k, v in out.items()}
+    return dict(out)
+
+
+class _Shards(dict[str, torch.Tensor]):
+    """A state dict that keeps only tensor-parallel rank ``rank``'s shard of each tensor set in it."""
+
+    def __init__(self, tp: int, rank: int) -> None:
+        super().__init__()
+        self.tp, self.rank = tp, rank
+
+    def __setitem__(self, name: str, t: torch.Tensor) -> None:
+        super().__setitem__(name, _shard(name, t, self.tp, self.rank))
 
 
 def _shard(name: str, t: torch.Tensor, tp: int, rank: int) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 * :func:`load_stage` copies this rank's shard (:func:`~.convert.hf_to_stage`) of full HF weights into
   its stage, checking that every parameter is covered and every shape matches.
+* :class:`SafetensorsWeights` reads a Hugging Face directory's tensors one at a time as they are
+  asked for, so a rank loads its shard without ever holding the whole model.
 * :func:`gather_hf` is the inverse, what weight sync and checkpoints need: each tensor-parallel group
   all-gathers its stage's shards (one collective per tensor), converts them to HF names
   (:func:`~.convert.stage_to_hf`), and each stage broadcasts its tensors along the pipeline, one
@@ -12,6 +14,9 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +27,7 @@ from agentrl.trainer.errors import BackendError
 from agentrl.trainer.megatron.convert import hf_to_stage, stage_to_hf
 from agentrl.trainer.megatron.model import Layout
 
-__all__ = ["Groups", "gather_hf", "load_stage", "parameters_of"]
+__all__ = ["Groups", "SafetensorsWeights", "gather_hf", "lazy_policy", "load_stage", "parameters_of"]
 
 
 class Groups:
@@ -46,14 +51,67 @@ class Groups:
         self.embedding_group = ps.get_embedding_group() if self.pp > 1 else None
 
 
+class SafetensorsWeights(Mapping[str, torch.Tensor]):
+    """The tensors of a Hugging Face model directory (``model.safetensors``, or the shards its
+    ``model.safetensors.index.json`` maps), each read from disk as float32 when it is asked for."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        index = self.path / "model.safetensors.index.json"
+        if index.is_file():
+            self.files: dict[str, str] = dict(json.loads(index.read_text())["weight_map"])
+        elif (self.path / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(self.path / "model.safetensors"), framework="pt") as f:
+                self.files = dict.fromkeys(f.keys(), "model.safetensors")
+        else:
+            raise BackendError(
+                f"{str(self.path)!r} has no model.safetensors nor model.safetensors.index.json; "
+                "save the model with safe_serialization=True"
+            )
+        self._open: dict[str, Any] = {}
+
+    @classmethod
+    def available(cls, path: str | Path) -> bool:
+        p = Path(path)
+        return (p / "model.safetensors.index.json").is_file() or (p / "model.safetensors").is_file()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        file = self.files[name]
+        if file not in self._open:
+            self._open[file] = safe_open(str(self.path / file), framework="pt")
+        return self._open[file].get_tensor(name).float()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def lazy_policy(path: str | Path) -> tuple[Any, SafetensorsWeights] | None:
+    """The HF model at ``path`` on the meta device (its config, names and shapes) and its tensors, read
+    as they are asked for; None when ``path`` holds no safetensors (load it whole then)."""
+    if not SafetensorsWeights.available(path):
+        return None
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), torch_dtype=torch.float32)
+    return model, SafetensorsWeights(path)
+
+
 def parameters_of(model: nn.Module) -> dict[str, torch.Tensor]:
     """The stage's tensors by Megatron name (no ``_extra_state`` entries)."""
     return {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
 @torch.no_grad()
-def load_stage(model: nn.Module, hf: dict[str, torch.Tensor], lay: Layout, g: Groups) -> None:
-    """Copy this rank's shard of the full HF weights ``hf`` into ``model`` (its stage)."""
+def load_stage(model: nn.Module, hf: Mapping[str, torch.Tensor], lay: Layout, g: Groups) -> None:
+    """Copy this rank's shard of the full HF weights ``hf`` (a dict, or read lazily) into ``model``."""
     shard = hf_to_stage(hf, lay, g.tp_rank, g.pp_rank)
     own = dict(model.named_parameters())
     missing = sorted(set(own) - set(shard))

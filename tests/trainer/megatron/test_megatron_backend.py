@@ -269,3 +269,67 @@ def test_a_checkpoint_resumes_only_under_the_backend_and_split_that_saved_it_ref
     with pytest.raises(ConfigError, match=r"saved by --backend fsdp2 .*resume it with --backend fsdp2"):
         resolve(**{"run.resume": str(fsdp), "parallel.backend": "megatron"})
     resolve(**{"run.resume": str(fsdp)})
+
+
+class _Counting(dict):
+    """A state dict that records which tensors were read."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.read: list[str] = []
+
+    def __getitem__(self, name):
+        self.read.append(name)
+        return super().__getitem__(name)
+
+
+@pytest.mark.parametrize(("tied", "pp_rank"), [(False, 0), (False, 1), (True, 1)])
+def test_a_stage_reads_only_its_own_tensors_each_once(tied, pp_rank):
+    """What lets a rank of a large model load its shard without the whole model in memory."""
+    hf = _Counting(_qwen3(tied).state_dict())
+    lay = layout(_qwen3(tied).config, 2, 2)
+    hf_to_stage(hf, lay, tp_rank=1, pp_rank=pp_rank)
+    mine = {f"model.layers.{i}." for i in range(pp_rank * 2, pp_rank * 2 + 2)}
+    for name in hf.read:
+        if name.startswith("model.layers."):
+            assert any(name.startswith(m) for m in mine), name
+    assert len(hf.read) == len(set(hf.read))
+    assert ("model.embed_tokens.weight" in hf.read) == (pp_rank == 0 or tied)
+    assert ("lm_head.weight" in hf.read) == (pp_rank == 1 and not tied)
+
+
+def test_a_backend_from_safetensors_read_lazily_equals_one_from_the_loaded_model(one_process, tmp_path):
+    """`--backend megatron` builds the policy on the meta device and reads its shard from the
+    safetensors (one file, or the shards an index maps); the stage equals the fully loaded one's."""
+    from safetensors.torch import save_file
+
+    from agentrl.trainer.algorithm import RLObjective
+    from agentrl.trainer.config import AlgoConfig, OptimConfig
+    from agentrl.trainer.megatron.backend import MegatronBackend
+    from agentrl.trainer.megatron.weights import SafetensorsWeights, lazy_policy
+
+    hf = _qwen3()
+    one, index = tmp_path / "one", tmp_path / "index"
+    hf.save_pretrained(one, safe_serialization=True)
+    hf.config.save_pretrained(index)
+    sd = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    halves = sorted(sd)[: len(sd) // 2], sorted(sd)[len(sd) // 2 :]
+    for i, names in enumerate(halves):
+        save_file({n: sd[n] for n in names}, str(index / f"model-{i}.safetensors"))
+    (index / "model.safetensors.index.json").write_text(
+        __import__("json").dumps(
+            {"weight_map": {n: f"model-{i}.safetensors" for i, h in enumerate(halves) for n in h}}
+        )
+    )
+    batch = fixed_batch()
+    batch.input_ids.clamp_(max=60)
+    kw = dict(objective=RLObjective(AlgoConfig()))
+    want = MegatronBackend(hf, AlgoConfig(), OptimConfig(micro_batch_tokens=40), **kw).logprobs(batch)
+    for path in (one, index):
+        meta, weights = lazy_policy(path)
+        assert all(p.is_meta for p in meta.parameters()) and isinstance(weights, SafetensorsWeights)
+        be = MegatronBackend(meta, AlgoConfig(), OptimConfig(micro_batch_tokens=40), weights=weights, **kw)
+        assert torch.equal(be.logprobs(batch), want)
+    assert lazy_policy(tmp_path) is None  # no safetensors here: the run loads the model whole
+    with pytest.raises(BackendError, match="no model.safetensors"):
+        SafetensorsWeights(tmp_path)
