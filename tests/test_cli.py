@@ -125,3 +125,22 @@ def test_a_former_torchrun_rank_exits_with_its_code_after_the_atexit_handlers_an
     )
     assert bad.returncode == 1 and "unknown env" in bad.stderr
     assert marker.read_text() == "yes"
+
+
+def test_the_command_line_parser_imports_no_heavy_library():
+    """`agentrl --help` and every subcommand's parser load without torch, transformers, Ray, vLLM or
+    Megatron: fast help, and an env image without torch can run `agentrl serve-env`."""
+    code = (
+        "import sys\n"
+        "from agentrl.cli import build_parser\n"
+        "parser = build_parser()\n"
+        "subs = parser._subparsers._group_actions[0].choices\n"
+        "for name, sub in subs.items():\n"
+        "    sub.format_help()\n"
+        "heavy = [m for m in ('torch', 'transformers', 'ray', 'vllm', 'megatron') if m in sys.modules]\n"
+        "print(len(subs), heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    count, heavy = proc.stdout.split(" ", 1)
+    assert int(count) > 10 and heavy.strip() == "[]"
