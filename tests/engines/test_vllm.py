@@ -147,13 +147,12 @@ def test_an_update_mid_request_leaves_no_kv_of_the_old_weights(engine: VLLMEngin
 
     async def run() -> tuple[Generation, list[Generation], Generation, int]:
         await engine.generate(shared + [1], quick)
+        t0 = time.monotonic()
         hit = await engine.generate(shared + [2], quick)
-        sampled = await _generated_tokens(engine)
+        eight = time.monotonic() - t0  # a cached prefix and 8 tokens, at this machine's present speed
         task = asyncio.create_task(engine.generate(shared + [3], long))
-        deadline = time.monotonic() + 240
-        while await _generated_tokens(engine) < sampled + 16:  # the update lands mid-request, however busy
-            assert time.monotonic() < deadline and not task.done(), "the long request sampled no tokens"
-            await asyncio.sleep(0.1)
+        await asyncio.sleep(max(1.5, 3 * eight))  # ~24 tokens in, however busy the machine: mid-request
+        assert not task.done()
         v = await engine.update_weights_from_path(tmp_path / "w2")
         after = [await engine.generate(shared + [4 + i], quick) for i in range(2)]
         return hit, after, await task, v
@@ -174,15 +173,6 @@ def test_an_update_mid_request_leaves_no_kv_of_the_old_weights(engine: VLLMEngin
         )
         assert diff < 1e-4, f"a request after the update reused KV of the old weights (max |dlogp| {diff})"
     assert after[1].meta["cached_tokens"] >= 256  # the new version's requests share their prefixes again
-
-
-async def _generated_tokens(engine: VLLMEngine) -> float:
-    """Tokens the server has sampled so far (its Prometheus counter)."""
-    async with httpx.AsyncClient(timeout=30) as client:
-        text = (await client.get(f"{engine.base_url}/metrics")).text
-    lines = [line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")]
-    assert lines, "vLLM's /metrics has no vllm:generation_tokens_total"
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
 
 def test_a_rejected_update_keeps_the_old_weights_and_version(engine: VLLMEngine, tmp_path: Path) -> None:
