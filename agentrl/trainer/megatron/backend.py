@@ -70,12 +70,10 @@ def init_parallel(tp: int, pp: int, timeout_s: float = 1800.0) -> Groups:
     if not dist.is_initialized():  # one process: a group of one, so Megatron's collectives run
         if ps.model_parallel_is_initialized():  # left by an earlier run in this process, its groups gone
             ps.destroy_model_parallel()
+        # an in-process store: a tcp:// one would, under torchrun's one-process launch, try to join
+        # the launcher's store at port 0 (TORCHELASTIC_USE_AGENT_STORE) until the timeout
         dist.init_process_group(
-            "gloo",
-            init_method="tcp://127.0.0.1:0",
-            rank=0,
-            world_size=1,
-            timeout=timedelta(seconds=timeout_s),
+            "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout_s)
         )
     if ps.model_parallel_is_initialized():
         have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())

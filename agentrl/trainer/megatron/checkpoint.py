@@ -72,9 +72,7 @@ def save(be: MegatronBackend, path: str | Path, extra: dict[str, Any] | None = N
 
 
 def load(be: MegatronBackend, path: str | Path) -> dict[str, Any]:
-    from safetensors.torch import load_file
-
-    from agentrl.trainer.megatron.weights import load_stage
+    from agentrl.trainer.megatron.weights import SafetensorsWeights, load_stage
 
     path = Path(path)
     for f in (path / "model.safetensors", path / "trainer_state.pt", _shard_file(path, be)):
@@ -90,10 +88,7 @@ def load(be: MegatronBackend, path: str | Path) -> dict[str, Any]:
             f"resume it with the same (asked --tp {be.lay.tp} --pp {be.lay.pp}), or start a new run "
             "from its weights with --model"
         )
-    weights = load_file(str(path / "model.safetensors"))
-    if be.lay.tied:
-        weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
-    load_stage(be.model, weights, be.lay, be.g)
+    load_stage(be.model, SafetensorsWeights(path), be.lay, be.g)  # this rank's tensors only, read lazily
     shard = torch.load(_shard_file(path, be), map_location="cpu", weights_only=False)
     be.optimizer.load_state_dict(shard["optimizer"])
     if be.value_head is not None and shard.get("value_head") is not None:

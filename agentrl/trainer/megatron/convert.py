@@ -22,7 +22,7 @@ shards between ranks). The layouts, per decoder layer (``Layout`` in :mod:`.mode
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -88,15 +88,20 @@ def _vocab(lay: Layout, w: torch.Tensor) -> torch.Tensor:
 
 
 def hf_to_stage(
-    w: Mapping[str, torch.Tensor], lay: Layout, tp_rank: int, pp_rank: int
+    w: Mapping[str, torch.Tensor],
+    lay: Layout,
+    tp_rank: int,
+    pp_rank: int,
+    sink: Callable[[str, torch.Tensor], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """The Megatron state dict of stage ``pp_rank``, tensor-parallel rank ``tp_rank``, from HF ``w``.
 
     ``w`` is read one tensor at a time, only for what the stage holds, and each tensor is cut to this
     rank's shard as it is read: a lazy ``w`` (:class:`~agentrl.trainer.megatron.weights.SafetensorsWeights`)
-    never puts more than the shard and one whole tensor in memory.
+    never puts more than the shard and one whole tensor in memory. With ``sink`` each shard tensor is
+    handed to it as it is cut instead (and the dict returned is empty): not even the shard is kept.
     """
-    out: _Shards = _Shards(lay.tp, tp_rank)
+    out: _Shards = _Shards(lay.tp, tp_rank, sink)
     first, last = pp_rank == 0, pp_rank == lay.pp - 1
     if first:
         out["embedding.word_embeddings.weight"] = _vocab(lay, _need(w, "model.embed_tokens.weight"))
@@ -130,12 +135,15 @@ def hf_to_stage(
 class _Shards(dict[str, torch.Tensor]):
     """A state dict that keeps only tensor-parallel rank ``rank``'s shard of each tensor set in it."""
 
-    def __init__(self, tp: int, rank: int) -> None:
+    def __init__(self, tp: int, rank: int, sink: Callable[[str, torch.Tensor], None] | None) -> None:
         super().__init__()
-        self.tp, self.rank = tp, rank
+        self.tp, self.rank, self.sink = tp, rank, sink
 
     def __setitem__(self, name: str, t: torch.Tensor) -> None:
-        super().__setitem__(name, _shard(name, t, self.tp, self.rank))
+        if self.sink is None:
+            super().__setitem__(name, _shard(name, t, self.tp, self.rank))
+        else:
+            self.sink(name, _shard(name, t, self.tp, self.rank))
 
 
 def _shard(name: str, t: torch.Tensor, tp: int, rank: int) -> torch.Tensor:

@@ -111,22 +111,27 @@ def parameters_of(model: nn.Module) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def load_stage(model: nn.Module, hf: Mapping[str, torch.Tensor], lay: Layout, g: Groups) -> None:
-    """Copy this rank's shard of the full HF weights ``hf`` (a dict, or read lazily) into ``model``."""
-    shard = hf_to_stage(hf, lay, g.tp_rank, g.pp_rank)
+    """Copy this rank's shard of the full HF weights ``hf`` (a dict, or read lazily) into ``model``,
+    each tensor as it is cut (never the whole shard beside the stage); a name the stage does not
+    have, a shape it does not match, or a parameter left uncovered is refused, naming it."""
     own = dict(model.named_parameters())
-    missing = sorted(set(own) - set(shard))
-    extra = sorted(set(shard) - set(own))
-    if missing or extra:
-        raise BackendError(
-            f"the HF weights do not cover the Megatron stage: missing {missing[:4]}, unexpected {extra[:4]}"
-        )
-    for name, p in own.items():
-        src = shard[name]
+    done: set[str] = set()
+
+    def put(name: str, src: torch.Tensor) -> None:
+        p = own.get(name)
+        if p is None:
+            raise BackendError(f"the HF weights give {name!r}, which the Megatron stage does not have")
         if src.shape != p.shape:
             raise BackendError(
                 f"{name}: the HF weights give shape {tuple(src.shape)}, the stage has {tuple(p.shape)}"
             )
         p.copy_(src)
+        done.add(name)
+
+    hf_to_stage(hf, lay, g.tp_rank, g.pp_rank, sink=put)
+    missing = sorted(set(own) - done)
+    if missing:
+        raise BackendError(f"the HF weights do not cover the Megatron stage: missing {missing[:4]}")
 
 
 @torch.no_grad()

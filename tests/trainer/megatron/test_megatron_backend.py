@@ -112,28 +112,30 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _torchrun(*args: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+def _torchrun(*args: str, nproc: int = 2) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
            str(_free_port()), str(WORKER), *args]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
-def test_two_ranks_score_like_the_hf_model(tmp_path, tp, pp):
+@pytest.mark.parametrize(("tp", "pp", "nproc"), [(2, 1, 2), (1, 2, 2), (1, 1, 1)])
+def test_two_ranks_score_like_the_hf_model(tmp_path, tp, pp, nproc):
     """TP = 2 (each rank half the vocabulary and heads) and PP = 2 (each rank two layers): the logits
-    equal the HF model's, and every rank's own rows score as the HF model scores them, to 1e-5."""
+    equal the HF model's, and every rank's own rows score as the HF model scores them, to 1e-5. And
+    one torchrun process (no process group of torchrun's: the backend makes its own, in-process;
+    a tcp:// one waited on torchrun's store until the timeout)."""
     out = str(tmp_path / "scores")
-    _torchrun("scores", out, str(tp), str(pp))
+    _torchrun("scores", out, str(tp), str(pp), nproc=nproc)
     hf, batch = tiny_model(layers=4), fixed_batch()
     with torch.no_grad():
         hf_logits = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     real = batch.attention_mask > 0
     assert (torch.load(f"{out}.logits.pt")[real] - hf_logits[real]).abs().max() < 1e-5
     want = _hf_logprobs(hf, batch, 0.7)
-    for rank in range(2):
-        rows = list(range(rank, len(batch), 2))
+    for rank in range(nproc):
+        rows = list(range(rank, len(batch), nproc))
         got = torch.load(f"{out}.rank{rank}.pt")
         mine = batch.select(rows)
         assert got.shape == mine.input_ids.shape
