@@ -13,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from _tiny import fixed_batch, tiny_model  # noqa: E402
+from _tiny import fixed_batch, scramble_adapter, tiny_model  # noqa: E402
 
 import agentrl.trainer.backend as backend_module  # noqa: E402
 from agentrl.models.lora import LoraSpec, adapter_state_dict, apply_lora  # noqa: E402
@@ -26,14 +26,7 @@ BF16 = OptimConfig(precision="bf16", lr=1e-2)
 
 
 def _lora() -> torch.nn.Module:
-    model = tiny_model()
-    apply_lora(model, LoraSpec(rank=4, target_modules="all-linear"))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    return model
+    return scramble_adapter(apply_lora(tiny_model(), LoraSpec(rank=4, target_modules="all-linear")))
 
 
 def main(out: str, case: str) -> None:

@@ -61,3 +61,13 @@ def grouped_batch(prompt_lengths: tuple[int, ...] = (5, 9, 7), group: int = 3, s
     lm[0, sampled[0] + 1] = 0.0  # a hole in the trained tokens (a tool result inside the completion)
     adv = torch.randn(B, 1, generator=g).expand(B, T) * lm
     return TrainBatch(ids, att, lm, torch.zeros(B, T), adv.contiguous())
+
+
+def scramble_adapter(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torch.nn.Module:
+    """Random LoRA ``A`` and ``B`` (PEFT starts ``B`` at zero): an adapter that changes the scores."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return model

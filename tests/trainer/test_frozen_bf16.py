@@ -14,7 +14,7 @@ import torch
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from _tiny import fixed_batch, tiny_model  # noqa: E402
+from _tiny import fixed_batch, scramble_adapter, tiny_model  # noqa: E402
 from test_scoring import _lora, _untied  # noqa: E402
 
 import agentrl.trainer.backend as backend_module  # noqa: E402
@@ -74,14 +74,7 @@ def test_a_lora_base_in_bf16_scores_and_trains_exactly_as_the_float32_base(make,
 def _lora_untied() -> torch.nn.Module:
     from agentrl.models.lora import LoraSpec, apply_lora
 
-    model = _untied()
-    apply_lora(model, LoraSpec(rank=4, target_modules="all-linear"))
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # an adapter that changes the scores (B is zero as PEFT starts it)
-        for name, p in model.named_parameters():
-            if ".lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    return model
+    return scramble_adapter(apply_lora(_untied(), LoraSpec(rank=4, target_modules="all-linear")))
 
 
 def test_the_base_of_a_real_sized_layer_takes_half_the_bytes():
@@ -133,14 +126,7 @@ def test_beside_a_sharded_bf16_policy_the_reference_is_bf16_and_scores_as_the_po
     """Two gloo ranks, FSDP2 computing in bf16: the reference (kept whole on each rank) is stored in
     bf16 and, holding the policy's weights, scores exactly what the policy scores, so the KL starts
     at 0 (its float32 copy did not: the policy's compute is bf16 throughout)."""
-    out = tmp_path / "scores.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-         str(_free_port()), str(HERE / "_frozen_worker.py"), str(out), "reference"],
-        env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    out = _torchrun(tmp_path, "reference")
     got = torch.load(out)
     assert got["ref_dtypes"] == ["torch.bfloat16"]
     assert torch.equal(got["policy"], got["ref"])
@@ -151,14 +137,7 @@ def test_beside_a_sharded_bf16_policy_the_reference_is_bf16_and_scores_as_the_po
 def test_a_sharded_lora_base_in_bf16_scores_and_trains_exactly_as_the_float32_base(tmp_path):
     """Two gloo ranks, FSDP2 computing in bf16: a frozen base stored in bf16 beside an fp32 adapter
     (one FSDP2 group, two dtypes) scores and updates the adapter as the fp32 base does."""
-    out = tmp_path / "lora.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-         str(_free_port()), str(HERE / "_frozen_worker.py"), str(out), "lora"],
-        env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    out = _torchrun(tmp_path, "lora")
     got = torch.load(out)
     assert got[True]["base_dtypes"] == [
         "torch.bfloat16",
@@ -168,6 +147,19 @@ def test_a_sharded_lora_base_in_bf16_scores_and_trains_exactly_as_the_float32_ba
     assert torch.equal(got[True]["logp"], got[False]["logp"])
     for name, t in got[False]["adapter"].items():
         assert torch.equal(got[True]["adapter"][name], t), name
+
+
+def _torchrun(tmp_path: Path, case: str) -> Path:
+    """``_frozen_worker.py CASE`` on two gloo ranks; the path rank 0 saved to."""
+    out = tmp_path / f"{case}.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parents[1])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+         str(_free_port()), str(HERE / "_frozen_worker.py"), str(out), case],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    return out
 
 
 def _free_port() -> int:
