@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -52,7 +53,8 @@ class ParallelConfig:
 
 
 def check_parallel(cfg: TrainConfig) -> None:
-    """What the Megatron backend needs of the rest of the config, checked before any model loads."""
+    """What the chosen backend needs of the rest of the config (a resumed checkpoint saved by it; for
+    Megatron its install and the features it lacks), checked before any model loads."""
     p = cfg.parallel
     _check_resume_split(cfg)
     if not p.megatron:
@@ -103,7 +105,9 @@ def check_world(cfg: TrainConfig, world: int) -> None:
               f"ranks; launch torchrun --nproc-per-node {p.tp * p.pp} (or a multiple)")  # fmt: skip
 
 
-def make_backend(cfg: TrainConfig, policy: Any, device: Any, timeout_s: float, weights: Any = None) -> Any:
+def make_backend(
+    cfg: TrainConfig, policy: Any, device: Any, timeout_s: float, weights: Mapping[str, Any] | None = None
+) -> Any:
     """The run's training backend for ``policy`` (the HF model every rank loaded), the RL objective handed
     in; ``timeout_s`` bounds the collectives of the process groups it creates (Megatron's). Megatron:
     ``weights`` are the policy's tensors when ``policy`` is on the meta device (read lazily)."""

@@ -71,6 +71,6 @@ def store_frozen(model: nn.Module, dtype: torch.dtype, *, whole: bool = False) -
     saved = 0
     for p in chosen:
         if p.dtype != dtype and p.is_floating_point():
-            saved += p.numel() * (p.element_size() - torch.empty((), dtype=dtype).element_size())
+            saved += p.numel() * (p.element_size() - dtype.itemsize)
             p.data = p.data.to(dtype)
     return saved

@@ -70,7 +70,6 @@ class SafetensorsWeights(Mapping[str, torch.Tensor]):
                 f"{str(self.path)!r} has no model.safetensors nor model.safetensors.index.json; "
                 "save the model with safe_serialization=True"
             )
-        self._open: dict[str, Any] = {}
 
     @classmethod
     def available(cls, path: str | Path) -> bool:
@@ -80,10 +79,9 @@ class SafetensorsWeights(Mapping[str, torch.Tensor]):
     def __getitem__(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
 
-        file = self.files[name]
-        if file not in self._open:
-            self._open[file] = safe_open(str(self.path / file), framework="pt")
-        return self._open[file].get_tensor(name).float()
+        # opened per read (a header parse): no file stays mapped once the stage holds its copy
+        with safe_open(str(self.path / self.files[name]), framework="pt") as f:
+            return f.get_tensor(name).float()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.files)
