@@ -110,7 +110,15 @@ def test_two_ranks_train_like_one_process(warm_model, tmp_path):
     assert e2[0]["eval/reward"] == e1[0]["eval/reward"]
     # one store, rank 0's, holds both ranks' episodes: the same as the single process's
     s1, s2 = (agentrl.rollouts.load(d).to_pandas().set_index("key").sort_index() for d in (one, two))
-    assert list(s2.index) == list(s1.index) and s2.token_ids.map(list).equals(s1.token_ids.map(list))
+    assert list(s2.index) == list(s1.index)
+    # every episode rolled out under the start weights is the same token for token; the final
+    # eval samples from updated weights that agree only up to the reduction order (see below),
+    # so a near-tied token may flip there and change the rest of that episode
+    tokens1, tokens2 = s1.token_ids.map(list), s2.token_ids.map(list)
+    before = ~s1.index.str.startswith("eval/1/")
+    assert tokens2[before].equals(tokens1[before])
+    after_same = [a == b for a, b in zip(tokens1[~before], tokens2[~before], strict=True)]
+    assert len(after_same) == 40 and sum(after_same) >= 30, sum(after_same)
     assert (s2[s2.kind == "train"].fate == "trained").all()
     trained = s2[s2.kind == "train"]
     assert all(len(r.train_logprobs) == len(r.token_ids) for r in trained.itertuples())
