@@ -264,17 +264,27 @@ def launch_vllm_server(
     startup_timeout_s: float = 600.0,
     host: str = "127.0.0.1",
     lora_rank: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    sleep_mode: bool = False,
 ) -> EngineServer:
     """Start vLLM on ``model_path`` (a local directory) from its own environment; wait for ``/health``.
 
     ``host``: the address it binds and is reached at (a cluster node's own address on Ray).
     ``lora_rank``: serve a LoRA adapter of up to that rank, loaded at run time (``VLLMEngine(lora_rank=...)``).
+    ``gpu_memory_utilization``: vLLM's share of the GPU (:mod:`agentrl.engines.memory_plan`); ``sleep_mode``:
+    it can release its GPU memory (``VLLMEngine.sleep``; on a CPU the routes pause it and keep the memory).
     """
     exe = find_vllm_python(python)
     port = port or free_port()
     dtype = "auto" if _cuda() else "float32"  # bf16 matmuls are several times slower than fp32 on a CPU
+    share = (
+        []
+        if gpu_memory_utilization is None
+        else ["--gpu-memory-utilization", f"{gpu_memory_utilization:.3f}"]
+    )
+    sleep = ["--enable-sleep-mode"] if sleep_mode and _cuda() else []  # vLLM refuses the flag on a CPU
     cmd = vllm_command(exe, model_path, host=host, port=port, max_model_len=max_model_len, seed=seed,
-                       dtype=dtype, lora_rank=lora_rank)  # fmt: skip
+                       dtype=dtype, lora_rank=lora_rank, extra_args=[*share, *sleep])  # fmt: skip
     # mounts /v1/load_lora_adapter (vLLM's runtime adapter loading)
     lora_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"} if lora_rank is not None else {}
     return launch_server(
@@ -306,11 +316,15 @@ def start_engine(
     startup_timeout_s: float = 600.0,
     timeout_s: float = 600.0,
     lora_rank: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    sleep_mode: bool = False,
 ) -> tuple[Any, EngineServer | None]:
     """The engine client of ``kind`` (``vllm``/``sglang``) at ``url``, or on a server started here.
 
     ``lora_rank``: the run trains a LoRA adapter of that rank; the server (started here, or the one at
     ``url``, which must have been started so) serves it, pushed with ``update_adapter_from_path``.
+    ``gpu_memory_utilization``, ``sleep_mode``: a vLLM server started here shares the trainer's GPU
+    (:func:`launch_vllm_server`).
 
     Returns ``(engine, server)``; ``server`` is None for an engine already running at ``url``, else
     the caller stops it (:meth:`EngineServer.stop`; it also dies with the caller).
@@ -323,7 +337,8 @@ def start_engine(
         context = min(model_limits(path)[1], MAX_MODEL_LEN)
         if not url:
             server = launch_vllm_server(path, log_path=log_path, python=python or None, seed=seed, lora_rank=lora_rank,
-                                        max_model_len=context, startup_timeout_s=startup_timeout_s)  # fmt: skip
+                                        max_model_len=context, startup_timeout_s=startup_timeout_s,
+                                        gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode)  # fmt: skip
             url = server.base_url
         try:
             return VLLMEngine(

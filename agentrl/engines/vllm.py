@@ -41,7 +41,8 @@ in vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``), which
 :func:`agentrl.engines.launcher.launch_vllm_server` sets. One client owns a server's weights:
 two trainers updating one server would interleave their versions. Another client of the same
 server (with no salt, or its own) is protected by the checked reset of step 4. LoRA adapters
-(``update_adapter_from_path``, a server started with ``lora_rank``): :mod:`agentrl.engines.vllm_lora`.
+(``update_adapter_from_path``, a server started with ``lora_rank``): :mod:`agentrl.engines.vllm_lora`;
+sleep and wake for a server sharing the trainer's GPU: :mod:`agentrl.engines.vllm_sleep`.
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ from typing import Any, ClassVar
 from agentrl.engines.errors import (
     EngineError,
     EngineUnavailableError,
-    UnsupportedWeightUpdateError,
     WeightUpdateError,
 )
 from agentrl.engines.hf import SamplingLike, parse_sampling
 from agentrl.engines.protocol import FinishReason, Generation, TokenDelta, check_prompt
 from agentrl.engines.remote import RemoteEngine
 from agentrl.engines.vllm_lora import VLLMAdapters
+from agentrl.engines.vllm_sleep import VLLMSleep
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket
 from agentrl.httpkit import StatusMap
 from agentrl.types import SamplingParams
@@ -121,7 +122,7 @@ def model_limits(model_path: str | os.PathLike[str]) -> tuple[int, int]:
     return int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 4096))
 
 
-class VLLMEngine(VLLMAdapters, RemoteEngine):
+class VLLMEngine(VLLMSleep, VLLMAdapters, RemoteEngine):
     """Engine protocol over a vLLM server (see the module docstring); ``lora_rank``: a server started
     for LoRA adapters (:mod:`agentrl.engines.vllm_lora`), which then takes adapters only.
 
@@ -164,7 +165,9 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
         self.vocab_size, positions = model_limits(model_path)
         self.max_context = max_context or positions
         self._manifest = checkpoint_manifest(model_path)
-        self._good_path = self.model_path  # what the server holds now: the rollback target
+        self._good_path: str | None = (
+            self.model_path
+        )  # the file the served weights came from: the rollback target
         self._initial_version = weight_version
         self._lock = asyncio.Lock()  # one update at a time (per loop; updates come from one owner)
         self._staged: dict[str, set[str]] = {}  # weight group -> names received since its last commit
@@ -173,6 +176,7 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
         self._salt: str | None = None
         self.stats = {"updates": 0, "rejected_updates": 0, "rollbacks": 0}
         self._init_adapters(lora_rank)
+        self._init_sleep()
 
     # ------------------------------------------------------------------ generation
 
@@ -182,6 +186,7 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
         """A generation's checked prompt, request id and body (``generate`` and ``generate_stream``)."""
         if self._broken is not None:
             raise EngineUnavailableError(self._broken)
+        self._refuse_asleep()
         params = parse_sampling(sampling)
         ids = check_prompt(
             input_ids, params, vocab_size=self.vocab_size, max_context=self.max_context, whose="the model's"
@@ -373,6 +378,7 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
         ``good_path``, when given, becomes the rollback target once the update is in; ``restore``
         replaces the rollback (an adapter's: :mod:`agentrl.engines.vllm_lora`).
         """
+        self._refuse_asleep()  # its weights may be released: wake it first
         async with self._lock:
             await self._post_ok(
                 "/pause", None, "pausing generation", params={"mode": "keep", "clear_cache": "false"}
@@ -399,17 +405,20 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
                     await self._post_ok("/resume", None, "resuming generation")
 
     async def _rollback(self) -> None:
-        """Reload the last good weights after a failed reload or reset; if that fails too, refuse to serve.
+        """Reload the last good weights after a failed reload or reset; if that fails, or no file holds
+        them (they came over a weight group), refuse to serve.
 
         The server is still paused then, and stays so: no token is sampled from a half-updated
         model, and every later ``generate`` raises :class:`EngineUnavailableError` at once.
         """
         try:
+            if self._good_path is None:
+                raise WeightUpdateError("no file holds the weights served before it (a weight-group update)")
             await self._reload(self._good_path)  # the old weights serve again, whole
         except EngineError as e:
             self._broken = (
-                f"vLLM at {self.base_url} may hold partly updated weights: a reload failed and so did "
-                f"reloading {self._good_path!r} ({e}); restart the server"
+                f"vLLM at {self.base_url} may hold partly updated weights: an update failed and the weights "
+                f"before it cannot be reloaded ({e}); restart the server"
             )
             raise EngineUnavailableError(self._broken) from e
 
@@ -427,16 +436,12 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
         return results[0]
 
     async def _join_weight_group(self, join: GroupJoin) -> None:
-        """The server's worker joins the trainer's gloo group as ``rank_offset`` (returns when joined)."""
+        """The server's worker joins the trainer's group (gloo, or NCCL on a GPU) as ``rank_offset``."""
         self._refuse_full_update("a weight group")
-        if join.backend != "gloo":
-            raise UnsupportedWeightUpdateError(
-                f"backend {join.backend!r}: VLLMEngine's weight groups are gloo only so far (NCCL into vLLM's "
-                "workers is not built); use backend='gloo' or run.weight_sync='disk'"
-            )
         await self._rpc("agentrl_join", f"joining weight group {join.group_name!r}", join.timeout_s + 10,
                         master_address=join.master_address, master_port=join.master_port, rank=join.rank_offset,
-                        world_size=join.world_size, group_name=join.group_name, timeout_s=join.timeout_s)  # fmt: skip
+                        world_size=join.world_size, group_name=join.group_name, timeout_s=join.timeout_s,
+                        backend=join.backend)  # fmt: skip
         self._staged[join.group_name] = set()
 
     async def _receive_weights(self, bucket: WeightBucket) -> int:
@@ -480,6 +485,7 @@ class VLLMEngine(VLLMAdapters, RemoteEngine):
                             commit=True, **kwargs)  # fmt: skip
 
         await self._atomic_update(new, commit)
+        self._good_path = None  # no file holds these weights: a later failed update cannot roll back to them
         return new
 
     async def _leave_weight_group(self, group_name: str) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "init_weight_update_group",
     "load_safetensors_dir",
     "receive_bucket",
+    "unnamed_group",
     "validate_state_dict",
 ]
 
@@ -148,7 +149,6 @@ def init_weight_update_group(
     It does not touch the default process group, so a trainer already running under
     ``torchrun`` can create it alongside its own.
     """
-    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -160,11 +160,10 @@ def init_weight_update_group(
         with _NAMES_LOCK:
             registered = group_name in _REGISTERED or group_name in c10d._world.pg_names.values()
             _REGISTERED.add(group_name)
-        if registered and backend == "gloo":
+        if registered:
             # Another engine of this process joined under this name (replicas in one process):
             # the same key layout as the registered group, under no local name of its own.
-            prefixed = c10d.PrefixStore("cpu/", c10d.PrefixStore(f"{group_name}/", store))
-            return dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            return unnamed_group(store, group_name, rank, world_size, backend, timeout)
         params = inspect.signature(c10d._new_process_group_helper).parameters
         options = "backend_options" if "backend_options" in params else "pg_options"
         pg, _ = c10d._new_process_group_helper(
@@ -185,6 +184,31 @@ def init_weight_update_group(
             f"{timeout_s} s: {e}"
         ) from e
     return pg
+
+
+def unnamed_group(
+    store: Any, group_name: str, rank: int, world_size: int, backend: str, timeout: datetime.timedelta
+) -> Any:
+    """A process group on ``store`` (already prefixed with ``group_name``) under no local c10d name.
+
+    The key layout is the one c10d's own helper gives a group named ``group_name`` (its prefix,
+    then the device's: ``cpu/`` for gloo, ``cuda/`` for NCCL), so it meets a peer that registered
+    its side normally, a vLLM worker (``vllm_ext/agentrl_vllm_worker.py`` writes the same layout
+    out) or SGLang's.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    base = c10d.PrefixStore(f"{group_name}/", store)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(c10d.PrefixStore("cpu/", base), rank, world_size, timeout)
+    if backend == "nccl":
+        if not (torch.cuda.is_available() and hasattr(dist, "ProcessGroupNCCL")):
+            raise WeightUpdateError("backend 'nccl' needs a CUDA build of torch and a GPU; use 'gloo'")
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(c10d.PrefixStore("cuda/", base), rank, world_size, options)
+    raise WeightUpdateError(f"weight group backend {backend!r}: use 'gloo' or 'nccl'")
 
 
 def destroy_weight_update_group(group: Any) -> None:

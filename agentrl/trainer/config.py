@@ -26,6 +26,7 @@ from agentrl import configlib
 from agentrl.configlib import fail as _fail
 from agentrl.trainer.algo_config import AlgoConfig
 from agentrl.trainer.cluster_config import ClusterConfig, check_ray
+from agentrl.trainer.colocate import check_colocate
 from agentrl.trainer.data_config import DataConfig, apply_dataset, check_data
 from agentrl.trainer.loggers import log_targets
 from agentrl.trainer.lora_config import LoraConfig, check_lora
@@ -88,6 +89,8 @@ class ModelConfig:
     """deadline for a started engine server to answer /health"""
     engine_max_batch: int = ENGINE_MAX_BATCH
     """most requests the embedded engine decodes in one step; 1 makes every sampled token and logprob independent of what else runs, so a run is bit-for-bit reproducible (slower rollout)"""
+    colocate: bool = False
+    """vLLM on the trainer's GPU, asleep while the trainer updates, its memory share planned (--engine vllm; agentrl/trainer/colocate.py)"""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "auto"):
@@ -357,6 +360,7 @@ class TrainConfig:
             )
         check_lora(self)
         check_parallel(self)
+        check_colocate(self)
 
     @property
     def batch_size(self) -> int:

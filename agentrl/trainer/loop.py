@@ -47,6 +47,7 @@ from agentrl.trainer.checkpoint import (
     reference_of,
     store_reference,
 )
+from agentrl.trainer.colocate import ColocatedSync, colocate_metrics, engine_released
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.evaluation import describe
@@ -147,7 +148,8 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
                 t1 = time.perf_counter()
                 record: dict[Any, Any] | None = {} if run.keeping else None
                 version = run.rt.engine.weight_version  # the policy the update starts from
-                stats = train_step(cfg, run.rt, run.be, res.groups, record)
+                with engine_released(run.sync, run.be):  # --colocate: vLLM sleeps through the update
+                    stats = train_step(cfg, run.rt, run.be, res.groups, record)
                 t2 = time.perf_counter()
                 pushed = (
                     None if stats.get("train/skipped") else run.sync.push(run.be.state_dict(all_ranks=True))
@@ -162,6 +164,7 @@ def train(cfg: TrainConfig, *, console: Any = None, start_parts: StartParts | No
                     "time/sync": t3 - t2,
                     "time/step": t3 - t0,
                     **sync_metrics(run.rt.engine, pushed),
+                    **colocate_metrics(run.sync),
                     **replica_metrics(run.rt.engine, run.rt.ranks),
                     **env_server_metrics(run.rt.server, run.rt.ranks),
                 }
@@ -202,8 +205,15 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
     try:
         # checked here, before any training: the engine must serve the configured transport
         sync = make_sync(
-            cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, ranks=ranks, adapter=rt.policy
+            cfg.run.weight_sync,
+            rt.engine,
+            run_dir,
+            run=rt.loop.run,
+            ranks=ranks,
+            adapter=rt.policy,
+            device=rt.device,
         )
+        sync = ColocatedSync(sync, rt.engine, run=rt.loop.run) if cfg.model.colocate else sync
     except BaseException:
         rt.close()
         raise

@@ -375,13 +375,15 @@ def _engine_server(
 ) -> tuple[Engine, EngineServer | None]:
     """The ``--engine`` client: on ``--engine-url``, or on a server started now (stopped with the run)."""
     from agentrl.engines.launcher import start_engine
+    from agentrl.trainer.colocate import plan_share
 
     m, r = cfg.model, cfg.rollout
     log = run_dir / f"engine-rank{ranks.rank}.log" if run_dir is not None else None
+    share = plan_share(cfg, name, ranks.world)  # --colocate: vLLM's part of the trainer's GPU
     engine, server = start_engine(
         m.engine, name, url=m.engine_url, python=m.engine_python, seed=cfg.run.seed + ranks.rank,
         log_path=log, startup_timeout_s=m.engine_startup_s, timeout_s=max(300.0, r.episode_timeout_s),
-        lora_rank=cfg.lora.rank if cfg.lora.enabled else None,
+        lora_rank=cfg.lora.rank if cfg.lora.enabled else None, gpu_memory_utilization=share, sleep_mode=m.colocate,
     )  # fmt: skip
     return engine, server
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.session.backend import SessionBackend
 from agentrl.trainer.batch import TrainBatch, from_trajectories
+from agentrl.trainer.colocate import engine_released
 from agentrl.trainer.errors import TrainerError
 from agentrl.types import Message, Trajectory
 
@@ -137,15 +138,15 @@ def warm_start(
     stats: dict[str, float] = {}
     task = progress.add_task("warm start (SFT)", total=c.run.sft_steps, info="") if progress else None
     rows = rt.ranks.shard(range(c.run.sft_batch_size))
-    for i, batch in enumerate(
-        sft_batches(examples, c.run.sft_batch_size, c.run.sft_steps, rt.pad_id, c.run.seed)
-    ):
-        stats = be.sft_step(batch.select(rows) if rt.ranks.world > 1 else batch)
-        if log is not None and (i % 10 == 0 or i == c.run.sft_steps - 1):
-            log.log("sft", i, {f"sft/{k}": v for k, v in stats.items()})
-        if progress is not None:
-            info = f"loss {stats['loss']:.3f}  tok-acc {stats.get('token_acc', 0):.2f}"
-            progress.update(task, advance=1, info=info)
+    batches = sft_batches(examples, c.run.sft_batch_size, c.run.sft_steps, rt.pad_id, c.run.seed)
+    with engine_released(sync, be):  # --colocate: vLLM sleeps through the warm start
+        for i, batch in enumerate(batches):
+            stats = be.sft_step(batch.select(rows) if rt.ranks.world > 1 else batch)
+            if log is not None and (i % 10 == 0 or i == c.run.sft_steps - 1):
+                log.log("sft", i, {f"sft/{k}": v for k, v in stats.items()})
+            if progress is not None:
+                info = f"loss {stats['loss']:.3f}  tok-acc {stats.get('token_acc', 0):.2f}"
+                progress.update(task, advance=1, info=info)
     sync.push(be.state_dict(all_ranks=True), version=0)
     stats["seconds"] = time.perf_counter() - t0
     stats["examples"] = float(len(examples))

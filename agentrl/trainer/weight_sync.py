@@ -201,7 +201,9 @@ class BroadcastSync:
 
     Uses the protocol's distributed path (``init_weights_update_group``,
     ``update_weights_from_distributed``, ``destroy_weights_update_group``): the embedded
-    engine serves it, and so does an HTTP client of a separate engine process.
+    engine serves it, and so does an HTTP client of a separate engine process. ``backend``: gloo
+    (tensors through host memory; the CPU tests' path) or NCCL (from the trainer's GPU straight into
+    the engine's: its device tensors, no host copy). The bucketing, ordering and commit are the same.
     """
 
     def __init__(
@@ -214,6 +216,7 @@ class BroadcastSync:
         timeout_s: float = 120.0,
         group_name: str = "agentrl_weight_sync",
         run: Runner = run_sync,
+        backend: str = "gloo",
     ) -> None:
         self.engine, self.bucket_bytes, self.timeout_s, self.group_name = (
             engine,
@@ -221,8 +224,10 @@ class BroadcastSync:
             timeout_s,
             group_name,
         )
-        self._run = run
+        self._run, self.backend = run, backend
         require_capability(engine, "distributed", "run.weight_sync='broadcast'")
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise WeightSyncError("a broadcast over NCCL needs the trainer on a CUDA GPU; use backend='gloo'")
         port = master_port or _free_port(master_address)
 
         world = 1 + int(getattr(engine, "weight_ranks", 1))  # several replicas join as ranks 1..n
@@ -230,11 +235,11 @@ class BroadcastSync:
         async def setup() -> Any:
             join = asyncio.create_task(
                 engine.init_weights_update_group(
-                    master_address, port, 1, world, group_name, "gloo", timeout_s
+                    master_address, port, 1, world, group_name, backend, timeout_s
                 )
             )
             group = await asyncio.to_thread(
-                _trainer_group, master_address, port, world, timeout_s, group_name
+                _trainer_group, master_address, port, world, timeout_s, group_name, backend
             )
             await join
             return group
@@ -264,9 +269,11 @@ class BroadcastSync:
 
         t0 = time.perf_counter()
         want = _target(self.engine, version)
+        # gloo sends from host memory; NCCL from the GPU (a tensor the trainer kept on the host goes up)
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
         buckets = list(
             bucket_tensors(
-                {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, self.bucket_bytes
+                {k: v.detach().contiguous().to(device) for k, v in state_dict.items()}, self.bucket_bytes
             )
         )
         got = -1
@@ -304,6 +311,8 @@ class BroadcastSync:
                 raise WeightSyncError(
                     f"broadcast of a {tuple(t.shape)} tensor did not finish in {self.timeout_s} s"
                 )
+        if self.backend == "nccl":  # NCCL's wait orders the stream only: the bucket is sent once it drains
+            torch.cuda.current_stream().synchronize()
 
     def close(self) -> None:
         self._run(
@@ -313,7 +322,9 @@ class BroadcastSync:
         )
 
 
-def _trainer_group(host: str, port: int, world_size: int, timeout_s: float, group_name: str) -> Any:
+def _trainer_group(
+    host: str, port: int, world_size: int, timeout_s: float, group_name: str, backend: str
+) -> Any:
     """Rank 0 of the weight-update group (same rendezvous as the engine's side, its own local name).
 
     The engine registers its side under ``group_name``; when both sides live in one process
@@ -322,17 +333,14 @@ def _trainer_group(host: str, port: int, world_size: int, timeout_s: float, grou
     """
     import datetime
 
-    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
+
+    from agentrl.engines.weights import unnamed_group
 
     timeout = datetime.timedelta(seconds=timeout_s)
     store, rank, world = next(c10d.rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=timeout))
     store.set_timeout(timeout)
-    # the same key layout as a registered group named group_name (c10d's helper nests these prefixes)
-    prefixed = c10d.PrefixStore(
-        "cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store))
-    )
-    return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+    return unnamed_group(c10d.PrefixStore(group_name, store), group_name, rank, world, backend, timeout)
 
 
 def save_weights_dir(
@@ -395,7 +403,7 @@ def _free_port(host: str) -> int:
 
 def make_sync(
     kind: str, engine: Engine, run_dir: str | Path, *, run: Runner = run_sync, ranks: Ranks | None = None,
-    adapter: torch.nn.Module | None = None,
+    adapter: torch.nn.Module | None = None, device: str | torch.device | None = None,
 ) -> WeightSync:  # fmt: skip
     """The transport for ``run.weight_sync``; raises ``UnsupportedWeightUpdateError`` if the engine lacks it.
 
@@ -403,6 +411,7 @@ def make_sync(
     ``ranks``: data-parallel trainer ranks, each with its own engine (disk: rank 0 writes, all reload).
     ``adapter``: the policy; when it carries a LoRA adapter, only the adapter is pushed (in process,
     its tensors; on disk, a PEFT directory the engine loads in place of the last one).
+    ``device``: the trainer's; a broadcast from a CUDA trainer goes over NCCL, else over gloo.
     """
     if adapter is not None and is_lora(adapter) and kind == "broadcast":
         raise WeightSyncError(
@@ -412,6 +421,10 @@ def make_sync(
         return InProcessSync(engine, run=run, adapter=adapter)
     if kind == "disk":
         return DiskSync(engine, Path(run_dir) / "weights", run=run, ranks=ranks, adapter=adapter)
-    if kind == "broadcast":
-        return BroadcastSync(engine, run=run)
+    if kind == "broadcast":  # over NCCL from a trainer on a GPU, else gloo through host memory
+        return BroadcastSync(
+            engine,
+            run=run,
+            backend="nccl" if device is not None and torch.device(device).type == "cuda" else "gloo",
+        )
     raise WeightSyncError(f"unknown weight sync {kind!r}; use inprocess, disk or broadcast")

@@ -218,8 +218,30 @@ def test_broadcast_sync_over_gloo_into_vllm(engine: VLLMEngine, tmp_path: Path) 
         assert engine.weight_version == res.version
         again = run_sync(engine.generate(prompt, params), timeout_s=60, what="generate")
         assert again.output_ids == g.output_ids  # the rejected push changed nothing
+        with pytest.raises(WeightUpdateError, match="'nccl' needs a vLLM worker on a CUDA GPU"):  # at once
+            run_sync(engine.init_weights_update_group("127.0.0.1", 9, 1, 2, "probe", "nccl", 5.0), timeout_s=60,
+                     what="joining over NCCL")  # fmt: skip
     finally:
         sync.close()
+
+
+def test_a_sleeping_vllm_refuses_work_and_wakes_to_the_same_weights(engine: VLLMEngine) -> None:
+    """--colocate's calls on the real server: asleep, it says so and this client refuses to generate
+    or update (at once, not a request hanging on a paused scheduler); awake, the same greedy tokens."""
+    prompt, greedy = [4, 5, 6], SamplingParams(max_new_tokens=8, temperature=0.0)
+    before = run_sync(engine.generate(prompt, greedy), timeout_s=60, what="generate")
+    run_sync(engine.sleep(1), timeout_s=120, what="sleep")
+    try:
+        assert run_sync(engine.is_sleeping(), timeout_s=30, what="is_sleeping") is True
+        with pytest.raises(EngineUnavailableError, match="sleeps"):
+            run_sync(engine.generate(prompt, greedy), timeout_s=60, what="generate")
+        with pytest.raises(EngineUnavailableError, match="sleeps"):
+            run_sync(engine.update_weights_from_path(resolve("tiny")), timeout_s=60, what="update")
+    finally:
+        run_sync(engine.wake_up(), timeout_s=120, what="wake")
+    assert run_sync(engine.is_sleeping(), timeout_s=30, what="is_sleeping") is False
+    after = run_sync(engine.generate(prompt, greedy), timeout_s=60, what="generate")
+    assert after.output_ids == before.output_ids and engine.stats["sleeps"] == engine.stats["wakes"] == 1
 
 
 def test_session_ledger_over_vllm_keeps_the_sampled_tokens(engine: VLLMEngine) -> None:

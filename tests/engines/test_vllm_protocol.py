@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from agentrl.engines import run_sync
-from agentrl.engines.errors import WeightUpdateError
+from agentrl.engines.errors import EngineUnavailableError, WeightUpdateError
 from agentrl.engines.launcher import vllm_command
 from agentrl.engines.vllm import VLLMEngine
 from agentrl.httpkit import BackgroundServer
@@ -124,3 +124,25 @@ def test_vllm_command_pins_vllm_sampling_defaults() -> None:
     i = cmd.index("--generation-config")
     assert cmd[i + 1] == "vllm"
     assert "--enable-prompt-tokens-details" in cmd  # cached_tokens in every answer
+
+
+def test_a_failed_update_after_a_weight_group_update_refuses_to_serve(stub: tuple[Stub, VLLMEngine]) -> None:
+    """The weights of a weight-group update are in no file: a later update that fails must not reload the
+    start checkpoint (and serve it under the current version); the client refuses to serve instead."""
+    s, engine = stub
+    run_sync(
+        engine.init_weights_update_group("127.0.0.1", 9, 1, 2, "g", "gloo", 5.0), timeout_s=30, what="join"
+    )
+    names = sorted(engine._manifest)
+    shapes = [list(engine._manifest[n]) for n in names]
+    run_sync(engine.update_weights_from_distributed(names, ["float32"] * len(names), shapes, group_name="g"),
+             timeout_s=30, what="group update")  # fmt: skip
+    assert engine.weight_version == 1
+    s.refuse_reset = True
+    with pytest.raises(EngineUnavailableError, match="no file holds the weights served before it"):
+        run_sync(engine.update_weights_from_path(resolve("tiny")), timeout_s=30, what="update")
+    # the start checkpoint was not reloaded, and the server stays paused: no "/resume" after the reset
+    assert s.paths()[-3:] == ["/pause", "/collective_rpc", "/reset_prefix_cache"]
+    assert engine.weight_version == 1
+    with pytest.raises(EngineUnavailableError, match="restart the server"):
+        _generate(engine)

@@ -64,3 +64,18 @@ def test_rejected_update_keeps_old_weights_and_version():
             assert torch.equal(v, before[k])
     finally:
         engine.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal a machine without a GPU gives")
+def test_a_broadcast_over_nccl_without_a_gpu_is_refused_before_any_rendezvous():
+    from agentrl.trainer.weight_sync import make_sync
+
+    engine = HFEngine(tiny_model(), device="cpu", prefix_cache_bytes=0)
+    try:
+        with pytest.raises(WeightSyncError, match="NCCL needs the trainer on a CUDA GPU; use backend='gloo'"):
+            BroadcastSync(engine, backend="nccl", timeout_s=5)
+        sync = make_sync("broadcast", engine, "unused", device="cpu")  # a CPU trainer broadcasts over gloo
+        assert isinstance(sync, BroadcastSync) and sync.backend == "gloo"
+        sync.close()
+    finally:
+        engine.close()

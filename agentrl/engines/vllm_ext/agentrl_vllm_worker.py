@@ -18,35 +18,43 @@ from typing import Any
 
 
 class _Group:
-    """A weight-update group joined by this worker: the gloo process group and the buckets staged so far."""
+    """A weight-update group joined by this worker: the process group, where it receives, what it staged."""
 
-    def __init__(self, pg: Any) -> None:
-        self.pg = pg
+    def __init__(self, pg: Any, device: Any) -> None:
+        self.pg, self.device = pg, device
         self.staged: dict[str, Any] = {}
 
 
-def _join_gloo(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-               timeout_s: float) -> Any:  # fmt: skip
-    """Rank ``rank`` of the trainer's gloo weight group.
+def _join(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
+          timeout_s: float, backend: str) -> Any:  # fmt: skip
+    """Rank ``rank`` of the trainer's weight group, over gloo (host memory) or NCCL (this worker's GPU).
 
     The rendezvous and key layout are those of ``agentrl.engines.weights.init_weight_update_group``
-    (a ``tcp://`` store, the group's prefixes), written out here because this file cannot import
-    agentrl: it runs in vLLM's environment.
+    and ``unnamed_group`` (a ``tcp://`` store, the group's prefixes, then ``cpu/`` for gloo or
+    ``cuda/`` for NCCL, as c10d's own helper nests them), written out here because this file cannot
+    import agentrl: it runs in vLLM's environment.
     """
     import datetime
 
+    import torch
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"weight group backend {backend!r}: use 'gloo' or 'nccl'")
+    if backend == "nccl" and not (torch.cuda.is_available() and hasattr(dist, "ProcessGroupNCCL")):
+        raise ValueError("backend 'nccl' needs a vLLM worker on a CUDA GPU; this one has none: use 'gloo'")
     timeout = datetime.timedelta(seconds=timeout_s)
     store, rank, world = next(
         c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout)
     )
     store.set_timeout(timeout)
-    prefixed = c10d.PrefixStore(
-        "cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store))
-    )
-    return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+    base = c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store))
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(c10d.PrefixStore("cpu/", base), rank, world, timeout)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(c10d.PrefixStore("cuda/", base), rank, world, options)
 
 
 def _groups(worker: Any) -> dict[str, _Group]:
@@ -57,18 +65,20 @@ def _groups(worker: Any) -> dict[str, _Group]:
 
 
 class WorkerExtensionGroups:
-    """The gloo weight path: join the trainer's group, receive buckets, commit them in one reload."""
+    """The distributed weight path: join the trainer's group, receive buckets, commit them in one reload.
+
+    Over gloo the buckets arrive in host memory; over NCCL on this worker's GPU (staged there until
+    the commit: the update costs one more copy of the weights in GPU memory while it is received).
+    """
 
     def agentrl_join(self, master_address: str, master_port: int, rank: int, world_size: int,
-                     group_name: str, timeout_s: float) -> str:  # fmt: skip
+                     group_name: str, timeout_s: float, backend: str = "gloo") -> str:  # fmt: skip
         groups = _groups(self)
         if group_name in groups:
             raise ValueError(f"already in weight group {group_name!r}; leave it first")
-        groups[group_name] = _Group(
-            _join_gloo(
-                master_address, int(master_port), int(rank), int(world_size), group_name, float(timeout_s)
-            )
-        )
+        pg = _join(master_address, int(master_port), int(rank), int(world_size), group_name, float(timeout_s),
+                   backend)  # fmt: skip
+        groups[group_name] = _Group(pg, self.device if backend == "nccl" else "cpu")  # type: ignore[attr-defined]
         return group_name
 
     def agentrl_receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
@@ -82,10 +92,12 @@ class WorkerExtensionGroups:
         if group is None:
             raise ValueError(f"no weight group {group_name!r}; join it first")
         for name, dt, shape in zip(names, dtypes, shapes, strict=True):
-            t = torch.empty(tuple(shape), dtype=getattr(torch, dt))
+            t = torch.empty(tuple(shape), dtype=getattr(torch, dt), device=group.device)
             if not group.pg.broadcast(t, 0).wait(datetime.timedelta(seconds=float(timeout_s))):
                 raise TimeoutError(f"receiving {name!r} took longer than {timeout_s} s")
             group.staged[name] = t
+        if group.device != "cpu":  # NCCL's wait orders the stream only: the bucket is here once it drains
+            torch.cuda.current_stream().synchronize()
         if not commit:
             return {"staged": len(group.staged)}
         tensors, group.staged = group.staged, {}
