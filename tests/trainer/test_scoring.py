@@ -84,7 +84,9 @@ def test_chunked_scores_and_gradients_equal_the_full_logits(kind, shared, temper
     if kind == "lora":
         assert all(".lora_" in n for n in full[3])
     for name, g in full[3].items():
-        torch.testing.assert_close(chunked[3][name], g, atol=1e-5, rtol=1e-4, msg=name)
+        # fp32 sums in another order: the error scales with the gradient (the untied embedding's reaches ~230)
+        scale = max(1.0, float(g.abs().max()))
+        torch.testing.assert_close(chunked[3][name], g, atol=1e-5 * scale, rtol=1e-4, msg=name)
 
 
 def _saved_bytes(chunk: int, vocab: int = 4096) -> tuple[int, int]:
