@@ -76,7 +76,6 @@ def trainer_resident_bytes(
     """
     import torch
 
-    from agentrl.models.lora import DEFAULT_TARGETS
     from agentrl.trainer.precision import compute_dtype
 
     params = sum(math.prod(s) for s in shapes.values())
@@ -84,13 +83,12 @@ def trainer_resident_bytes(
     if not cfg.lora.enabled:
         return 12 * params + (frozen * params if cfg.algo.kl_coef > 0 else 0)
     targets = cfg.lora.spec().target_modules
-    every = isinstance(targets, str)  # "all-linear"
-    names = DEFAULT_TARGETS if every else targets
+    names = () if isinstance(targets, str) else targets  # "all-linear": every linear layer but the head
     adapter = sum(
         cfg.lora.rank * (s[0] + s[1])
         for n, s in shapes.items()
         if len(s) == 2 and n.endswith(".weight") and "embed" not in n and "lm_head" not in n
-        and (every or n.removesuffix(".weight").rsplit(".", 1)[-1] in names)
+        and (not names or n.removesuffix(".weight").rsplit(".", 1)[-1] in names)
     )  # fmt: skip
     base = params // 2 if cfg.lora.quantize else frozen * params
     return base + 16 * adapter
