@@ -55,6 +55,7 @@ ALLOWED_IN_FUNCTION = {
     # vLLM's worker extension runs inside vLLM's environment, where agentrl is not importable; its
     # errors travel back as /collective_rpc failures, which VLLMEngine raises as WeightUpdateError.
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_join", "ValueError"),
+    ("engines/vllm_ext/agentrl_vllm_worker.py", "_join", "ValueError"),
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "ValueError"),
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_receive", "TimeoutError"),
     ("engines/vllm_ext/agentrl_vllm_worker.py", "agentrl_load_lora", "ValueError"),

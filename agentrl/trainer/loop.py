@@ -47,7 +47,7 @@ from agentrl.trainer.checkpoint import (
     reference_of,
     store_reference,
 )
-from agentrl.trainer.colocate import ColocatedSync, colocate_metrics, engine_released
+from agentrl.trainer.colocate import colocate_metrics, engine_released
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
 from agentrl.trainer.evaluation import describe
@@ -204,16 +204,8 @@ def _setup(cfg: TrainConfig, console: Any, start_parts: StartParts | None = None
     rt = build_runtime(cfg, ranks=ranks, run_dir=run_dir, start_parts=start_parts)
     try:
         # checked here, before any training: the engine must serve the configured transport
-        sync = make_sync(
-            cfg.run.weight_sync,
-            rt.engine,
-            run_dir,
-            run=rt.loop.run,
-            ranks=ranks,
-            adapter=rt.policy,
-            device=rt.device,
-        )
-        sync = ColocatedSync(sync, rt.engine, run=rt.loop.run) if cfg.model.colocate else sync
+        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, ranks=ranks,
+                         adapter=rt.policy, device=rt.device, colocate=cfg.model.colocate)  # fmt: skip
     except BaseException:
         rt.close()
         raise

@@ -403,7 +403,7 @@ def _free_port(host: str) -> int:
 
 def make_sync(
     kind: str, engine: Engine, run_dir: str | Path, *, run: Runner = run_sync, ranks: Ranks | None = None,
-    adapter: torch.nn.Module | None = None, device: str | torch.device | None = None,
+    adapter: torch.nn.Module | None = None, device: str | torch.device | None = None, colocate: bool = False,
 ) -> WeightSync:  # fmt: skip
     """The transport for ``run.weight_sync``; raises ``UnsupportedWeightUpdateError`` if the engine lacks it.
 
@@ -412,7 +412,14 @@ def make_sync(
     ``adapter``: the policy; when it carries a LoRA adapter, only the adapter is pushed (in process,
     its tensors; on disk, a PEFT directory the engine loads in place of the last one).
     ``device``: the trainer's; a broadcast from a CUDA trainer goes over NCCL, else over gloo.
+    ``colocate``: the engine (vLLM) shares the trainer's GPU and sleeps through every update
+    (:class:`~agentrl.trainer.colocate.ColocatedSync` around the transport).
     """
+    if colocate:
+        from agentrl.trainer.colocate import ColocatedSync
+
+        inner = make_sync(kind, engine, run_dir, run=run, ranks=ranks, adapter=adapter, device=device)
+        return ColocatedSync(inner, engine, run=run)
     if adapter is not None and is_lora(adapter) and kind == "broadcast":
         raise WeightSyncError(
             "a LoRA adapter is pushed in process or as a PEFT directory (disk), not broadcast"

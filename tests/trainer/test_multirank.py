@@ -64,7 +64,15 @@ def _args(model: Path, run_dir: Path) -> list[str]:
 @pytest.mark.slow
 def test_two_ranks_train_like_one_process(warm_model, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    assert main(_args(warm_model, one)) == 0
+    # one request per decode step and one thread a process (each rank gets one): a token's logits then
+    # depend neither on what else the engine batches (each rank batches only its half of the episodes)
+    # nor on how a matmul splits across threads (a batched run flipped a near-tied token in CI)
+    one_at_a_time = ["--engine-max-batch", "1"]
+    threads = torch.get_num_threads()
+    try:
+        assert main([*_args(warm_model, one), *one_at_a_time, "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the rest of the suite runs in this process
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [
@@ -78,6 +86,7 @@ def test_two_ranks_train_like_one_process(warm_model, tmp_path):
             "-m",
             "agentrl.cli",
             *_args(warm_model, two),
+            *one_at_a_time,
         ],
         env=env,
         capture_output=True,
