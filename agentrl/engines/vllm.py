@@ -165,9 +165,8 @@ class VLLMEngine(VLLMSleep, VLLMAdapters, RemoteEngine):
         self.vocab_size, positions = model_limits(model_path)
         self.max_context = max_context or positions
         self._manifest = checkpoint_manifest(model_path)
-        self._good_path: str | None = (
-            self.model_path
-        )  # the file the served weights came from: the rollback target
+        # the file the served weights came from: the rollback target (None: they came over a weight group)
+        self._good_path: str | None = self.model_path
         self._initial_version = weight_version
         self._lock = asyncio.Lock()  # one update at a time (per loop; updates come from one owner)
         self._staged: dict[str, set[str]] = {}  # weight group -> names received since its last commit

@@ -49,10 +49,6 @@ class VLLMSleep:
         self._asleep: int | None = None  # the level this client put the server to sleep at, else None
         self.stats.update(sleeps=0, wakes=0)
 
-    @property
-    def asleep(self) -> bool:
-        return self._asleep is not None
-
     def _refuse_asleep(self) -> None:
         if self._asleep is not None:
             raise EngineUnavailableError(
