@@ -31,6 +31,7 @@ import httpx
 
 from agentrl.engines.errors import EngineTimeoutError, EngineUnavailableError
 from agentrl.engines.sglang import SGLangEngine
+from agentrl.engines.vllm_ipc import IPC_TRANSFER_CONFIG
 from agentrl.engines.vllm_lora import vllm_max_lora_rank
 
 __all__ = [
@@ -266,6 +267,7 @@ def launch_vllm_server(
     lora_rank: int | None = None,
     gpu_memory_utilization: float | None = None,
     sleep_mode: bool = False,
+    ipc_weights: bool = False,
 ) -> EngineServer:
     """Start vLLM on ``model_path`` (a local directory) from its own environment; wait for ``/health``.
 
@@ -273,6 +275,7 @@ def launch_vllm_server(
     ``lora_rank``: serve a LoRA adapter of up to that rank, loaded at run time (``VLLMEngine(lora_rank=...)``).
     ``gpu_memory_utilization``: vLLM's share of the GPU (:mod:`agentrl.engines.memory_plan`); ``sleep_mode``:
     it can release its GPU memory (``VLLMEngine.sleep``; on a CPU the routes pause it and keep the memory).
+    ``ipc_weights``: it takes weight updates over CUDA IPC from a trainer on its GPU (:mod:`agentrl.engines.vllm_ipc`).
     """
     exe = find_vllm_python(python)
     port = port or free_port()
@@ -283,13 +286,16 @@ def launch_vllm_server(
         else ["--gpu-memory-utilization", f"{gpu_memory_utilization:.3f}"]
     )
     sleep = ["--enable-sleep-mode"] if sleep_mode and _cuda() else []  # vLLM refuses the flag on a CPU
+    # the IPC handles travel pickled in a JSON body, which vLLM reads only when told it may
+    ipc, ipc_env = (["--weight-transfer-config", IPC_TRANSFER_CONFIG], {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}) \
+        if ipc_weights else ([], {})  # fmt: skip
     cmd = vllm_command(exe, model_path, host=host, port=port, max_model_len=max_model_len, seed=seed,
-                       dtype=dtype, lora_rank=lora_rank, extra_args=[*share, *sleep])  # fmt: skip
+                       dtype=dtype, lora_rank=lora_rank, extra_args=[*share, *sleep, *ipc])  # fmt: skip
     # mounts /v1/load_lora_adapter (vLLM's runtime adapter loading)
     lora_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"} if lora_rank is not None else {}
     return launch_server(
         cmd, f"http://{host}:{port}", startup_timeout_s=startup_timeout_s, log_path=log_path,
-        env=vllm_env(threads) | lora_env,
+        env=vllm_env(threads) | lora_env | ipc_env,
     )  # fmt: skip
 
 
@@ -318,13 +324,14 @@ def start_engine(
     lora_rank: int | None = None,
     gpu_memory_utilization: float | None = None,
     sleep_mode: bool = False,
+    ipc_weights: bool = False,
 ) -> tuple[Any, EngineServer | None]:
     """The engine client of ``kind`` (``vllm``/``sglang``) at ``url``, or on a server started here.
 
     ``lora_rank``: the run trains a LoRA adapter of that rank; the server (started here, or the one at
     ``url``, which must have been started so) serves it, pushed with ``update_adapter_from_path``.
-    ``gpu_memory_utilization``, ``sleep_mode``: a vLLM server started here shares the trainer's GPU
-    (:func:`launch_vllm_server`).
+    ``gpu_memory_utilization``, ``sleep_mode``, ``ipc_weights``: a vLLM server started here shares the
+    trainer's GPU (:func:`launch_vllm_server`).
 
     Returns ``(engine, server)``; ``server`` is None for an engine already running at ``url``, else
     the caller stops it (:meth:`EngineServer.stop`; it also dies with the caller).
@@ -338,7 +345,8 @@ def start_engine(
         if not url:
             server = launch_vllm_server(path, log_path=log_path, python=python or None, seed=seed, lora_rank=lora_rank,
                                         max_model_len=context, startup_timeout_s=startup_timeout_s,
-                                        gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode)  # fmt: skip
+                                        gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode,
+                                        ipc_weights=ipc_weights)  # fmt: skip
             url = server.base_url
         try:
             return VLLMEngine(

@@ -63,6 +63,7 @@ from agentrl.engines.errors import (
 from agentrl.engines.hf import SamplingLike, parse_sampling
 from agentrl.engines.protocol import FinishReason, Generation, TokenDelta, check_prompt
 from agentrl.engines.remote import RemoteEngine
+from agentrl.engines.vllm_ipc import VLLMIpc, manifest_problems
 from agentrl.engines.vllm_lora import VLLMAdapters
 from agentrl.engines.vllm_sleep import VLLMSleep
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket
@@ -122,7 +123,7 @@ def model_limits(model_path: str | os.PathLike[str]) -> tuple[int, int]:
     return int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 4096))
 
 
-class VLLMEngine(VLLMSleep, VLLMAdapters, RemoteEngine):
+class VLLMEngine(VLLMSleep, VLLMIpc, VLLMAdapters, RemoteEngine):
     """Engine protocol over a vLLM server (see the module docstring); ``lora_rank``: a server started
     for LoRA adapters (:mod:`agentrl.engines.vllm_lora`), which then takes adapters only.
 
@@ -455,20 +456,18 @@ class VLLMEngine(VLLMSleep, VLLMAdapters, RemoteEngine):
         if group_name not in self._staged:
             raise WeightUpdateError(f"no weight group {group_name!r}; call init_weights_update_group first")
         deadline = bucket.timeout_s or self.timeout_s
-        bad = [f"{n}: {tuple(sh)}" for n, sh in zip(bucket.names, bucket.shapes, strict=True)
-               if n != "lm_head.weight" and self._manifest.get(n) != tuple(sh)]  # fmt: skip
         staged = self._staged[group_name] | set(bucket.names)
-        missing = sorted(set(self._manifest) - staged) if bucket.flush_cache else []
+        why = manifest_problems(self._manifest, bucket.names, bucket.shapes,
+                                sent=staged if bucket.flush_cache else None)  # fmt: skip
         kwargs = {"names": list(bucket.names), "dtypes": list(bucket.dtypes),
                   "shapes": [list(x) for x in bucket.shapes], "group_name": group_name, "timeout_s": deadline}  # fmt: skip
-        if bad or missing:
+        if why is not None:
             await self._rpc(
                 "agentrl_receive", "receiving a rejected bucket", deadline, commit=False, **kwargs
             )
             await self._rpc("agentrl_discard", "dropping the staged buckets", 60.0, group_name=group_name)
             self._staged[group_name] = set()
             self.stats["rejected_updates"] += 1
-            why = f"unknown tensors or shapes {bad[:5]}" if bad else f"tensors never sent {missing[:5]}"
             raise WeightUpdateError(
                 f"weight update through {group_name!r} rejected: {why}; nothing was changed"
             )

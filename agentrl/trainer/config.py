@@ -28,6 +28,7 @@ from agentrl.trainer.algo_config import AlgoConfig
 from agentrl.trainer.cluster_config import ClusterConfig, check_ray
 from agentrl.trainer.colocate import check_colocate
 from agentrl.trainer.data_config import DataConfig, apply_dataset, check_data
+from agentrl.trainer.engine_choice import choose_engine
 from agentrl.trainer.loggers import log_targets
 from agentrl.trainer.lora_config import LoraConfig, check_lora
 from agentrl.trainer.parallel_config import ParallelConfig, check_parallel
@@ -55,8 +56,8 @@ __all__ = [
     "to_toml",
 ]
 
-SyncKind = Literal["auto", "inprocess", "disk", "broadcast"]
-EngineKind = Literal["hf", "vllm", "sglang"]
+SyncKind = Literal["auto", "inprocess", "disk", "broadcast", "ipc"]
+EngineKind = Literal["auto", "hf", "vllm", "sglang"]
 
 
 ENGINE_MAX_BATCH = 64
@@ -79,8 +80,8 @@ class ModelConfig:
     """FSDP2 CPUOffloadPolicy: keep parameters and optimizer state on the host (GPU only)"""
     share_prompts: bool = True
     """in the update, run the forward of a prompt that several episodes share (a group) once (not yet under torchrun)"""
-    engine: EngineKind = "hf"
-    """rollout engine: hf (embedded, in process), vllm (a vLLM server agentrl starts, or --engine-url), sglang (--engine-url, or started on a GPU machine)"""
+    engine: EngineKind = "auto"
+    """rollout engine: auto (vllm, colocated, on a GPU with vLLM set up, else hf: agentrl/trainer/engine_choice.py), hf (embedded, in process), vllm (a vLLM server agentrl starts, or --engine-url), sglang (--engine-url, or started on a GPU machine)"""
     engine_url: str = ""
     """URL of an engine server already running (of --engine's kind); empty: agentrl starts one for vllm/sglang"""
     engine_python: str = ""
@@ -95,7 +96,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "auto"):
             _fail("model", "device", self.device, "use 'cpu', 'cuda' or 'auto'")
-        if self.engine == "hf" and self.engine_url:
+        if self.engine in ("auto", "hf") and self.engine_url:
             _fail("model", "engine_url", self.engine_url, "the embedded engine (--engine hf) has no URL; "
                   "say which server it is with --engine vllm or --engine sglang")  # fmt: skip
         if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
@@ -269,7 +270,7 @@ class RunConfig:
     save_rollouts: str = "auto"
     """episodes kept in RUN_DIR/rollouts (agentrl view reads them): all, none, sample:N (at most N a step, whole groups); auto = sample:1024"""
     weight_sync: SyncKind = "auto"
-    """inprocess (copy tensors), disk (safetensors + reload), broadcast (torch.distributed); auto = disk with session_url, else inprocess"""
+    """inprocess (copy tensors), disk (safetensors + reload), broadcast (torch.distributed), ipc (CUDA IPC into a colocated vLLM); auto = disk for an engine in another process, else inprocess"""
     tensorboard: bool = True
     """also write TensorBoard event files"""
     log: list[str] = field(default_factory=list, metadata={"metavar": "wandb|mlflow"})
@@ -307,6 +308,7 @@ class TrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "model", choose_engine(self))  # --engine auto: hf or a colocated vllm
         a, r = self.algo, self.rollout
         if a.algo == "grpo" and a.advantage_kind in ("grpo", "dr_grpo", "rloo") and r.group_size < 2:
             _fail("rollout", "group_size", r.group_size, f"{a.advantage_kind} needs a group of at least 2 episodes "
@@ -350,14 +352,10 @@ class TrainConfig:
             _fail("run", "weight_sync", self.run.weight_sync, f"the {self.model.engine} engine runs in another "
                   "process; use --weight-sync disk (it reloads the safetensors the trainer writes)")  # fmt: skip
         if r.session_url and self.run.weight_sync == "inprocess":
-            _fail(
-                "run",
-                "weight_sync",
-                self.run.weight_sync,
-                f"cannot reach the engine of rollout.session_url={r.session_url!r}, which runs in another "
-                "process; use --weight-sync disk (the server loads the safetensors the trainer writes: same "
-                "machine or a shared file system) or --weight-sync broadcast (torch.distributed)",
-            )
+            _fail("run", "weight_sync", self.run.weight_sync, f"cannot reach the engine of rollout.session_url="
+                  f"{r.session_url!r}, which runs in another process; use --weight-sync disk (the server loads "
+                  "the safetensors the trainer writes: same machine or a shared file system) or --weight-sync "
+                  "broadcast (torch.distributed)")  # fmt: skip
         check_lora(self)
         check_parallel(self)
         check_colocate(self)

@@ -384,6 +384,7 @@ def _engine_server(
         m.engine, name, url=m.engine_url, python=m.engine_python, seed=cfg.run.seed + ranks.rank,
         log_path=log, startup_timeout_s=m.engine_startup_s, timeout_s=max(300.0, r.episode_timeout_s),
         lora_rank=cfg.lora.rank if cfg.lora.enabled else None, gpu_memory_utilization=share, sleep_mode=m.colocate,
+        ipc_weights=cfg.run.weight_sync == "ipc",
     )  # fmt: skip
     return engine, server
 

@@ -96,13 +96,15 @@ def _nbytes(sd: Mapping[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in sd.values())
 
 
-def _check(engine: Engine, got: int, want: int, how: str) -> int:
+def checked_version(engine: Engine, got: int, want: int, how: str) -> int:
+    """``got``, the version the engine reports after a push, if it is the one asked for; else raises."""
     if got != want:
         raise WeightSyncError(f"{how} weight sync: engine reports version {got}, expected {want}")
     return got
 
 
-def _target(engine: Engine, version: int | None) -> int:
+def target_version(engine: Engine, version: int | None) -> int:
+    """The version a push sets: ``version`` when given, else the engine's next."""
     return engine.weight_version + 1 if version is None else version
 
 
@@ -119,7 +121,7 @@ class InProcessSync:
 
     def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
         t0 = time.perf_counter()
-        want = _target(self.engine, version)
+        want = target_version(self.engine, version)
         try:
             got = self._run(
                 self.engine.update_weights_from_state_dict(state_dict, version=want),
@@ -129,7 +131,7 @@ class InProcessSync:
         except Exception as e:  # noqa: BLE001 - any engine failure leaves the old weights
             raise WeightSyncError(f"in-process weight sync to version {want} failed: {e}") from e
         full = base_nbytes(self.adapter) + _nbytes(state_dict) if self.adapter is not None else 0
-        return SyncResult(_check(self.engine, got, want, "in-process"), time.perf_counter() - t0,
+        return SyncResult(checked_version(self.engine, got, want, "in-process"), time.perf_counter() - t0,
                           _nbytes(state_dict), full_bytes=full)  # fmt: skip
 
     def close(self) -> None:
@@ -169,7 +171,7 @@ class DiskSync:
 
     def push(self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None) -> SyncResult:
         t0 = time.perf_counter()
-        want = self.ranks.broadcast(_target(self.engine, version))
+        want = self.ranks.broadcast(target_version(self.engine, version))
         final = self.root / f"v{want}"
         tensors = state_dict
         if self.ranks.main:
@@ -189,7 +191,7 @@ class DiskSync:
         for old in stale if self.ranks.main else []:
             shutil.rmtree(old, ignore_errors=True)
         full = base_nbytes(self.adapter) + _nbytes(tensors) if self.adapter is not None else 0
-        return SyncResult(_check(self.engine, got, want, "disk"), time.perf_counter() - t0, _nbytes(tensors),
+        return SyncResult(checked_version(self.engine, got, want, "disk"), time.perf_counter() - t0, _nbytes(tensors),
                           full_bytes=full)  # fmt: skip
 
     def close(self) -> None:
@@ -268,7 +270,7 @@ class BroadcastSync:
         from agentrl.engines.weights import bucket_tensors, dtype_name
 
         t0 = time.perf_counter()
-        want = _target(self.engine, version)
+        want = target_version(self.engine, version)
         # gloo sends from host memory; NCCL from the GPU (a tensor the trainer kept on the host goes up)
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
         buckets = list(
@@ -296,7 +298,7 @@ class BroadcastSync:
         except Exception as e:  # noqa: BLE001
             raise WeightSyncError(f"broadcast weight sync to version {want} failed: {e}") from e
         return SyncResult(
-            _check(self.engine, got, want, "broadcast"),
+            checked_version(self.engine, got, want, "broadcast"),
             time.perf_counter() - t0,
             _nbytes(state_dict),
             len(buckets),
@@ -420,18 +422,22 @@ def make_sync(
 
         inner = make_sync(kind, engine, run_dir, run=run, ranks=ranks, adapter=adapter, device=device)
         return ColocatedSync(inner, engine, run=run)
-    if adapter is not None and is_lora(adapter) and kind == "broadcast":
+    if adapter is not None and is_lora(adapter) and kind in ("broadcast", "ipc"):
         raise WeightSyncError(
-            "a LoRA adapter is pushed in process or as a PEFT directory (disk), not broadcast"
+            f"a LoRA adapter is pushed in process or as a PEFT directory (disk), not over {kind}"
         )
     if kind == "inprocess":
         return InProcessSync(engine, run=run, adapter=adapter)
     if kind == "disk":
         return DiskSync(engine, Path(run_dir) / "weights", run=run, ranks=ranks, adapter=adapter)
+    if kind == "ipc":  # a vLLM on the trainer's GPU opens the trainer's tensors in place
+        from agentrl.trainer.ipc_sync import IpcSync
+
+        return IpcSync(engine, run=run)
     if kind == "broadcast":  # over NCCL from a trainer on a GPU, else gloo through host memory
         return BroadcastSync(
             engine,
             run=run,
             backend="nccl" if device is not None and torch.device(device).type == "cuda" else "gloo",
         )
-    raise WeightSyncError(f"unknown weight sync {kind!r}; use inprocess, disk or broadcast")
+    raise WeightSyncError(f"unknown weight sync {kind!r}; use inprocess, disk, broadcast or ipc")

@@ -8,6 +8,7 @@ real server.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,3 +147,80 @@ def test_a_failed_update_after_a_weight_group_update_refuses_to_serve(stub: tupl
     assert engine.weight_version == 1
     with pytest.raises(EngineUnavailableError, match="restart the server"):
         _generate(engine)
+
+
+def _ipc_update(
+    engine: VLLMEngine, names: list[str] | None = None, shapes: list[list[int]] | None = None
+) -> int:
+    names = names if names is not None else sorted(engine._manifest)
+    shapes = shapes if shapes is not None else [list(engine._manifest[n]) for n in names]
+    coro = engine.update_weights_from_ipc(names, ["float32"] * len(names), shapes, "aGFuZGxlcw==")
+    return run_sync(coro, timeout_s=30, what="ipc update")
+
+
+def test_an_ipc_update_goes_through_vllms_transfer_routes_under_pause_and_version(
+    stub: tuple[Stub, VLLMEngine],
+) -> None:
+    """vLLM's IPC backend is initialised once; every update is start / update / finish inside the usual
+    pause, checked cache reset, version and resume; the handles go as they were given."""
+    s, engine = stub
+    assert _ipc_update(engine) == 1
+    assert _ipc_update(engine) == 2
+    update = ["/start_weight_update", "/update_weights", "/finish_weight_update", "/reset_prefix_cache",
+              "/update_weight_version", "/resume"]  # fmt: skip
+    assert s.paths() == ["/init_weight_transfer_engine", "/pause", *update, "/pause", *update]
+    bodies = {p: b for p, _, b in s.calls}
+    assert bodies["/init_weight_transfer_engine"] == {"init_info": {"packed": False}}
+    info = bodies["/update_weights"]["update_info"]
+    assert info["names"] == sorted(engine._manifest)
+    assert info["shapes"] == [list(engine._manifest[n]) for n in info["names"]]
+    assert info["ipc_handles_pickled"] == "aGFuZGxlcw==" and set(info) == {
+        "names", "dtype_names", "shapes", "ipc_handles_pickled"}  # fmt: skip
+    assert bodies["/update_weight_version"] == {"new_version": "2"}
+
+
+@pytest.mark.parametrize("fault", ["missing", "shape", "unknown"])
+def test_an_ipc_update_that_does_not_match_the_served_model_is_refused_before_the_server_sees_it(
+    stub: tuple[Stub, VLLMEngine], fault: str
+) -> None:
+    s, engine = stub
+    names = sorted(engine._manifest)
+    shapes = [list(engine._manifest[n]) for n in names]
+    if fault == "missing":
+        names, shapes = names[1:], shapes[1:]
+    elif fault == "shape":
+        shapes[0] = [shapes[0][0] + 1, *shapes[0][1:]]
+    else:
+        names, shapes = [*names, "model.extra.weight"], [*shapes, [2, 2]]
+    with pytest.raises(WeightUpdateError, match="IPC weight update rejected.*nothing was changed"):
+        _ipc_update(engine, names, shapes)
+    assert s.paths() == [] and engine.weight_version == 0 and engine.stats["rejected_updates"] == 1
+    _generate(engine)  # it serves on
+
+
+def test_a_failed_update_after_an_ipc_update_refuses_to_serve(stub: tuple[Stub, VLLMEngine]) -> None:
+    """No file holds weights that came over IPC: a later failed update leaves the server paused."""
+    s, engine = stub
+    assert _ipc_update(engine) == 1
+    s.refuse_reset = True
+    with pytest.raises(EngineUnavailableError, match="no file holds the weights served before it"):
+        _ipc_update(engine)
+    assert s.paths()[-1] == "/reset_prefix_cache" and engine.weight_version == 1
+    with pytest.raises(EngineUnavailableError, match="restart the server"):
+        _generate(engine)
+
+
+def test_vllm_is_launched_for_ipc_updates_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ipc_weights`` adds vLLM's IPC transfer backend and lets it read pickled handles; nothing else does."""
+    from agentrl.engines import launcher
+
+    seen: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(launcher, "find_vllm_python", lambda python=None: "python")
+    monkeypatch.setattr(launcher, "launch_server", lambda cmd, url, env, **kw: seen.append((cmd, env)))
+    launcher.launch_vllm_server("/models/m", port=1, ipc_weights=True)
+    launcher.launch_vllm_server("/models/m", port=1)
+    (ipc_cmd, ipc_env), (cmd, env) = seen
+    i = ipc_cmd.index("--weight-transfer-config")
+    assert json.loads(ipc_cmd[i + 1]) == {"backend": "ipc"}
+    assert ipc_env["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
+    assert "--weight-transfer-config" not in cmd and "VLLM_ALLOW_INSECURE_SERIALIZATION" not in env

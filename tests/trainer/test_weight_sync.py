@@ -79,3 +79,49 @@ def test_a_broadcast_over_nccl_without_a_gpu_is_refused_before_any_rendezvous():
         sync.close()
     finally:
         engine.close()
+
+
+def test_ipc_sync_needs_a_vllm_engine_and_a_gpu():
+    """``--weight-sync ipc`` is refused when it is built: an engine that takes no IPC handles, or (on a
+    machine without a GPU) a trainer with no GPU memory to share."""
+    from agentrl.engines.errors import UnsupportedWeightUpdateError
+    from agentrl.engines.vllm import VLLMEngine
+    from agentrl.models import resolve
+    from agentrl.trainer.weight_sync import make_sync
+
+    engine = HFEngine(tiny_model(), device="cpu", prefix_cache_bytes=0)
+    try:
+        with pytest.raises(
+            UnsupportedWeightUpdateError, match="ipc' needs a vLLM engine on the trainer's GPU"
+        ):
+            make_sync("ipc", engine, "unused")
+    finally:
+        engine.close()
+    if torch.cuda.is_available():
+        return
+    vllm = VLLMEngine("http://127.0.0.1:9", resolve("tiny"), retries=0)  # a client: no server is reached
+    with pytest.raises(WeightSyncError, match="this trainer has no CUDA GPU; use --weight-sync disk"):
+        make_sync("ipc", vllm, "unused")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC shares GPU memory: needs a CUDA GPU")
+def test_ipc_handles_open_in_another_process_to_the_same_values():
+    import subprocess
+
+    from agentrl.trainer.ipc_sync import ipc_handles
+
+    t = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4) * 0.5
+    payload = ipc_handles({"w": t})
+    torch.cuda.synchronize()
+    reader = (
+        "import base64, pickle, sys, torch\n"
+        "from torch.multiprocessing.reductions import rebuild_cuda_tensor\n"
+        "(h,) = pickle.loads(base64.b64decode(sys.stdin.read()))\n"
+        "(args,) = h.values()\n"
+        "print(rebuild_cuda_tensor(*args).cpu().tolist())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", reader], input=payload, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert eval(out.stdout) == t.cpu().tolist()  # noqa: S307 (the child's own print of a list of floats)
