@@ -15,7 +15,7 @@ what a user runs (``agentrl train`` on countdown, a few steps) and reads the run
 - QLoRA (``--lora-quantize 4bit``) where bitsandbytes is installed;
 - vLLM's CUDA build (``scripts/setup.sh --vllm`` on a GPU machine) on the trainer's GPU
   (``--colocate``: vLLM asleep through each update), its weights synced from disk, over NCCL and
-  over CUDA IPC;
+  over CUDA IPC, and its rollout tokens/s against the embedded engine's on the same runs' settings;
 - Megatron (TP=1, bf16) where ``megatron.core`` is installed;
 - rows for what is not built yet (the embedded engine's CUDA graphs),
   printed as such so the table says what it did not check.
@@ -42,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 Row = tuple[str, str, float, str]  # (check, PASS/FAIL/SKIP/NOT BUILT, seconds, what it measured or why)
+EPISODES = 16  # a training step's episodes: --tasks-per-step 4 x --group-size 4
 
 
 def _agentrl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -85,7 +86,7 @@ def check_train(name: str, model: Path, device: str, work: Path, flags: list[str
     run = work / name.replace(" ", "-").replace(",", "")
     t0 = time.perf_counter()
     proc = _agentrl("train", "--env", "countdown", "--model", str(model), "--device", device,
-                    "--steps", "3", "--sft-steps", "5", "--tasks-per-step", "4", "--group-size", "4",
+                    "--steps", "3", "--sft-steps", "5", "--tasks-per-step", "4", "--group-size", str(EPISODES // 4),
                     "--max-new-tokens", "16", "--eval-episodes", "4", "--eval-samples", "0", "--eval-every", "0",
                     "--run-dir", str(run), *flags, timeout=900)  # fmt: skip
     secs = time.perf_counter() - t0
@@ -162,16 +163,27 @@ def main() -> int:
         rows.append(("model (built offline)", "PASS", time.perf_counter() - t0,
                      f"vocab {mc.vocab_size:,}, hidden {mc.hidden_size}, {mc.num_hidden_layers} layers"))  # fmt: skip
         bound = 1e-4 if args.dry_run else 5e-2  # an fp32 CPU engine matches exactly; bf16 on GPU does not
+        rates: dict[str, float] = {}  # rollout tokens/s of the embedded engine and of vLLM
+
+        def rate(engine: str) -> Callable[[list[dict[str, Any]]], str]:
+            def measure(rs: list[dict[str, Any]]) -> str:
+                toks = sum(r["rollout/completion_tokens"] * EPISODES for r in rs)
+                rates[engine] = toks / sum(r["time/rollout"] for r in rs)
+                return f"rollout {rates[engine]:,.0f} tokens/s"
+
+            return measure
+
+        # the embedded engine by name: on a GPU machine with vLLM set up, --engine auto would pick vLLM
         rows.append(check_train("train bf16, packing, chunked scoring", model, device, work,
-                                ["--precision", "bf16", "--packing", "on", "--score-chunk-tokens", "256"],
-                                limit=5e-2))  # fmt: skip
+                                ["--engine", "hf", "--precision", "bf16", "--packing", "on",
+                                 "--score-chunk-tokens", "256"], limit=5e-2, extra=rate("embedded")))  # fmt: skip
         rows.append(check_mismatch(model, device))
 
         def sync_ratio(rs: list[dict[str, Any]]) -> str:
             r = rs[-1]
             return f"sync {r['sync/bytes'] / 2**20:.2f} of {r['sync/full_bytes'] / 2**20:.1f} MiB"
 
-        rows.append(check_train("LoRA r=16", model, device, work, ["--lora-rank", "16", "--lr", "1e-3"],
+        rows.append(check_train("LoRA r=16", model, device, work, ["--engine", "hf", "--lora-rank", "16", "--lr", "1e-3"],
                                 limit=bound, extra=sync_ratio))  # fmt: skip
         import importlib.util
 
@@ -180,13 +192,14 @@ def main() -> int:
             rows.append(("QLoRA 4-bit", "SKIP", 0.0, why))
         else:
             rows.append(check_train("QLoRA 4-bit", model, device, work,
-                                    ["--lora-rank", "16", "--lr", "1e-3", "--lora-quantize", "4bit"],
+                                    ["--engine", "hf", "--lora-rank", "16", "--lr", "1e-3", "--lora-quantize", "4bit"],
                                     limit=bound, extra=sync_ratio))  # fmt: skip
         why = "the dry run leaves vLLM to tests/engines/test_vllm*.py" if args.dry_run else _vllm_cuda()
 
         def slept(rs: list[dict[str, Any]]) -> str:
             r = rs[-1]
-            return f"sleep {r['time/engine_sleep']:.1f} s, wake {r['time/engine_wake']:.1f} s, sync {r['time/sync']:.1f} s"
+            return (f"sleep {r['time/engine_sleep']:.1f} s, wake {r['time/engine_wake']:.1f} s, "
+                    f"sync {r['time/sync']:.1f} s, {rate('vllm')(rs)}")  # fmt: skip
 
         for what, sync in (("disk sync", "disk"), ("NCCL broadcast", "broadcast"), ("CUDA IPC", "ipc")):
             row = f"vLLM (CUDA build) colocated, sleep/wake, {what}"
@@ -195,6 +208,10 @@ def main() -> int:
             else:  # one GPU: the trainer and vLLM share it (--colocate), vLLM asleep through each update
                 rows.append(check_train(row, model, device, work, ["--engine", "vllm", "--colocate",
                                         "--weight-sync", sync], limit=5e-2, extra=slept))  # fmt: skip
+        if {"embedded", "vllm"} <= set(rates):  # the same model, prompts and settings on the same GPU
+            rows.append(("rollout tokens/s, vLLM against the embedded engine", "PASS", 0.0,
+                         f"{rates['vllm'] / rates['embedded']:.2f}x ({rates['vllm']:,.0f} against "
+                         f"{rates['embedded']:,.0f}; {EPISODES} episodes of <= 16 tokens a step)"))  # fmt: skip
         if not cuda or importlib.util.find_spec("megatron.core") is None:
             why = (
                 "needs CUDA (Megatron autocasts on CUDA only)" if not cuda else "pip install -e '.[megatron]'"
@@ -202,7 +219,8 @@ def main() -> int:
             rows.append(("Megatron step, TP=1, bf16", "SKIP", 0.0, why))
         else:
             rows.append(check_train("Megatron step, TP=1, bf16", model, device, work,
-                                    ["--backend", "megatron", "--precision", "bf16"], limit=5e-2))  # fmt: skip
+                                    ["--engine", "hf", "--backend", "megatron", "--precision", "bf16"],
+                                    limit=5e-2))  # fmt: skip
         for what in ("embedded engine decode with CUDA graphs",):
             rows.append((what, "NOT BUILT", 0.0, "not in this version; the row is a reminder, not a failure"))
     finally:
