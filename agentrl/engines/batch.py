@@ -123,6 +123,10 @@ class KVBatch:
         self.mask = mask
         return logits
 
+    def length(self, i: int) -> int:
+        """Cached tokens of row ``i`` (its real columns)."""
+        return int(self.mask[i].sum())
+
     def row(self, i: int) -> LayerKV:
         """Row ``i``'s KV without padding, copied (so it does not pin the batch's tensors)."""
         n = int(self.mask[i].sum())

@@ -43,6 +43,7 @@ from agentrl.engines.errors import (
 )
 from agentrl.engines.protocol import EngineCapabilities, Generation, TokenDelta, check_prompt
 from agentrl.engines.scheduler import Request, Scheduler
+from agentrl.engines.static_kv import static_layout
 from agentrl.engines.weight_groups import GroupJoin, WeightBucket, WeightGroupEngine
 from agentrl.engines.weights import StagedWeights, load_safetensors_dir, validate_state_dict
 from agentrl.errors import ConfigError
@@ -103,7 +104,9 @@ class HFEngine(WeightGroupEngine):
     setting is process-wide, so it is off by default; on a small busy CPU, 1 thread made
     decoding 6-10x faster here (OpenMP teams stall on descheduled members).
     ``lora`` injects a LoRA adapter now (its tensors then update like any others); without it, the
-    first :meth:`update_adapter_from_path` injects the adapter it is given.
+    first :meth:`update_adapter_from_path` injects the adapter it is given. ``cuda_graphs`` (None: on iff
+    CUDA) replays the decode step as CUDA graphs over ``static_kv`` (None: as ``cuda_graphs``), the
+    fixed-shape KV layout of :mod:`agentrl.engines.static_kv`, which also runs alone (on CPU too).
     """
 
     def __init__(
@@ -123,6 +126,8 @@ class HFEngine(WeightGroupEngine):
         min_prefix_reuse: int = 16,
         num_threads: int | None = None,
         lora: LoraSpec | None = None,
+        cuda_graphs: bool | None = None,
+        static_kv: bool | None = None,
     ) -> None:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ConfigError(
@@ -159,6 +164,7 @@ class HFEngine(WeightGroupEngine):
             min_prefix_reuse=min_prefix_reuse,
             weight_version=weight_version,
             num_threads=num_threads,
+            static_kv=static_layout(self.device, cuda_graphs, static_kv, max_batch_size, self.max_context),
         )
 
     # ------------------------------------------------------------------ public API
@@ -293,6 +299,7 @@ class HFEngine(WeightGroupEngine):
         def apply() -> int:  # the engine thread, between two decode steps
             if lora_spec(self.model) is None:
                 apply_lora(self.model, spec)
+                self._sched.model_changed()  # new modules: captured decode graphs are stale
             return self._copy_weights(validate_state_dict(self.model, tensors), tensors, version)
 
         return await asyncio.wrap_future(self._sched.queue_update(apply, drain))
@@ -442,7 +449,7 @@ class HFEngine(WeightGroupEngine):
     def _copy_weights(
         self, targets: dict[str, torch.Tensor], tensors: Mapping[str, torch.Tensor], version: int | None
     ) -> int:
-        """Engine thread only, between two steps: overwrite the weights, then bump the version."""
+        """Engine thread only, between two steps: overwrite the weights in place (captured graphs stay valid)."""
         for name, dst in targets.items():
             dst.copy_(tensors[name])
         return self._sched.weights_changed(version)

@@ -7,9 +7,11 @@ apply aborts, apply queued updates (a ``drain`` update first waits for the runni
 batch to empty, with admission paused), admit waiting requests (one left-padded
 prefill; prompts that extend a cached sequence prefill only their suffix), then one
 batched decode step. A request's first token is sampled from its prefill; it leaves
-the batch the step it finishes. A failing step fails the running requests with
-:class:`EngineUnavailableError` and the loop keeps serving (the queues and the loop are
-:class:`~agentrl.engines.engine_thread.EngineThread`'s).
+the batch the step it finishes. The running batch's KV is a :class:`KVBatch`, or a
+:class:`~agentrl.engines.static_kv.StaticKV` when the scheduler is handed one (fixed-shape
+buffers that CUDA graphs replay; kept across an empty batch). A failing step fails the
+running requests with :class:`EngineUnavailableError` and the loop keeps serving (the
+queues and the loop are :class:`~agentrl.engines.engine_thread.EngineThread`'s).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from agentrl.engines.engine_thread import EngineThread, resolve
 from agentrl.engines.errors import EngineUnavailableError, WeightUpdateError
 from agentrl.engines.protocol import FinishReason, Generation
 from agentrl.engines.sampling import SamplingBatch, sample
+from agentrl.engines.static_kv import StaticKV
 from agentrl.types import SamplingParams
 
 __all__ = ["Request", "Scheduler", "Update", "resolve"]
@@ -84,8 +87,10 @@ class Scheduler(EngineThread[Request, Update]):
         min_prefix_reuse: int,
         weight_version: int,
         num_threads: int | None = None,
+        static_kv: StaticKV | None = None,
     ) -> None:
         self.forward = forward
+        self.static_kv = static_kv  # when given, the running batch's KV lives there (kept while empty)
         self.num_threads = num_threads
         self.device = device
         self.max_batch_size = max_batch_size
@@ -103,7 +108,7 @@ class Scheduler(EngineThread[Request, Update]):
         }
         self._init_queues()
         self._epoch = 0  # bumped whenever cached KV becomes invalid (new weights, flush)
-        self._kv: KVBatch | None = None  # KV of the running batch, rows aligned with self._running
+        self._kv: KVBatch | StaticKV | None = None  # KV of the running batch, rows aligned with self._running
         self._thread = threading.Thread(target=self._loop, name="agentrl-engine", daemon=True)
         self._thread.start()
 
@@ -144,6 +149,11 @@ class Scheduler(EngineThread[Request, Update]):
         self._epoch += 1
         self.version = self.version + 1 if version is None else version
         return self.version
+
+    def model_changed(self) -> None:
+        """The model's modules were replaced (LoRA injected): captured decode graphs are stale."""
+        if self.static_kv is not None:
+            self.static_kv.invalidate()
 
     def flush_prefix_cache(self) -> int:
         self.prefix_cache.clear()
@@ -281,7 +291,10 @@ class Scheduler(EngineThread[Request, Update]):
 
     def _join(self, reqs: list[Request], kvb: KVBatch, logits: torch.Tensor) -> None:
         """Add freshly prefilled requests to the running batch and sample their first tokens."""
-        self._kv = kvb if self._kv is None or not self._running else self._kv.extend(kvb)
+        if self._kv is not None and self._running:
+            self._kv = self._kv.extend(kvb)
+        else:
+            self._kv = kvb if self.static_kv is None else self.static_kv.start(kvb)
         self._running = self._running + reqs
         self._sample_and_advance(logits, reqs)
 
@@ -291,7 +304,7 @@ class Scheduler(EngineThread[Request, Update]):
         if self._kv is None or r.epoch != self._epoch or self.prefix_cache.max_bytes <= 0:
             return
         tokens = r.prompt + r.output[:-1]
-        if int(self._kv.mask[i].sum()) == len(tokens):
+        if self._kv.length(i) == len(tokens):
             self.prefix_cache.put(tokens, self._kv.row(i))
 
     def _select_rows(self, keep: list[int]) -> None:
