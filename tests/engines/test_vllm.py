@@ -24,7 +24,7 @@ import torch
 
 from agentrl.engines.checker import check_engine, check_sampling
 from agentrl.engines.errors import EngineUnavailableError, WeightUpdateError
-from agentrl.engines.launcher import EngineServer, find_vllm_python, launch_vllm_server
+from agentrl.engines.launcher import EngineServer, launch_vllm_server
 from agentrl.engines.protocol import Generation, run_sync
 from agentrl.engines.vllm import VLLMEngine
 from agentrl.engines.weights import load_safetensors_dir
@@ -35,19 +35,8 @@ from agentrl.types import SamplingParams
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def _vllm_python() -> str | None:
-    try:
-        return find_vllm_python()
-    except EngineUnavailableError as e:
-        if os.environ.get("AGENTRL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"AGENTRL_REQUIRE_VLLM=1 but {e}")
-        return None
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
-    if _vllm_python() is None:
-        pytest.skip("vLLM is not set up (scripts/setup.sh --vllm)")
+def server(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     srv = launch_vllm_server(resolve("tiny"), log_path=log, startup_timeout_s=600)
     try:
@@ -339,9 +328,8 @@ def test_vllm_streams_tokens_as_it_samples_them_exactly_as_it_generates(engine: 
     assert len(after.output_ids) == 4 and time.monotonic() - t0 < 60  # not queued behind 3000 tokens
 
 
+@pytest.mark.usefixtures("vllm_python")
 def test_kill_9_of_the_launcher_leaves_no_engine_process(tmp_path: Path) -> None:
-    if _vllm_python() is None:
-        pytest.skip("vLLM is not set up (scripts/setup.sh --vllm)")
     script = tmp_path / "owner.py"
     script.write_text(
         "import os, sys, time\n"
@@ -388,10 +376,9 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.timeout(1800)  # the whole demo: about 7 minutes on two cores, with the server's start
+@pytest.mark.usefixtures("vllm_python")
 def test_train_countdown_on_vllm_learns(tmp_path: Path) -> None:
     """`agentrl train --env countdown --engine vllm`, the README's command: the train reward rises, the server is gone after."""
-    if _vllm_python() is None:
-        pytest.skip("vLLM is not set up (scripts/setup.sh --vllm)")
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", "countdown", "--engine", "vllm",
            "--run-dir", str(run), "--no-progress", "--no-tensorboard"]  # fmt: skip

@@ -7,7 +7,6 @@ these tests skip with the reason, unless AGENTRL_REQUIRE_VLLM=1 (CI sets it).
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +15,8 @@ import pytest
 import torch
 from conftest import lora_adapter, tiny_qwen3
 
-from agentrl.engines.errors import EngineUnavailableError, UnsupportedWeightUpdateError
-from agentrl.engines.launcher import EngineServer, find_vllm_python, launch_vllm_server
+from agentrl.engines.errors import UnsupportedWeightUpdateError
+from agentrl.engines.launcher import EngineServer, launch_vllm_server
 from agentrl.engines.protocol import Generation, run_sync
 from agentrl.engines.vllm import VLLMEngine
 from agentrl.models import load_model, resolve
@@ -31,13 +30,7 @@ SHARED = [10 + (7 * i) % 1400 for i in range(300)]  # more than two KV blocks (1
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
-    try:
-        find_vllm_python()
-    except EngineUnavailableError as e:
-        if os.environ.get("AGENTRL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"AGENTRL_REQUIRE_VLLM=1 but {e}")
-        pytest.skip("vLLM is not set up (scripts/setup.sh --vllm)")
+def server(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
     log = tmp_path_factory.mktemp("vllm-lora") / "server.log"
     srv = launch_vllm_server(resolve("tiny"), log_path=log, startup_timeout_s=600, lora_rank=RANK)
     try:

@@ -7,15 +7,12 @@ its order around the update and the weights after it are what a CPU can check.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from agentrl.engines.errors import EngineUnavailableError
-from agentrl.engines.launcher import find_vllm_python
 from agentrl.errors import ConfigError
 from agentrl.trainer.config import resolve
 from agentrl.trainer.metrics import read_jsonl
@@ -40,15 +37,10 @@ def test_colocate_syncs_from_disk_by_default() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.usefixtures("vllm_python")
 def test_a_colocated_run_sleeps_vllm_through_every_update_and_wakes_to_the_new_weights(
     tmp_path: Path,
 ) -> None:
-    try:
-        find_vllm_python()
-    except EngineUnavailableError as e:
-        if os.environ.get("AGENTRL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"AGENTRL_REQUIRE_VLLM=1 but {e}")
-        pytest.skip("vLLM is not set up (scripts/setup.sh --vllm)")
     run = tmp_path / "run"
     vowels = Path(__file__).parent / "_dense_env.py"  # a reward even for random weights: tokens to score
     cmd = [sys.executable, "-m", "agentrl.cli", "train", "--env", f"{vowels}:VowelEnv", "--engine", "vllm", "--colocate",
