@@ -4,6 +4,7 @@
 
     save(be, path, extra)    # path/config.json, model.safetensors, trainer_state.pt, agentrl_checkpoint.json
     extra = load(be, path)   # weights, optimizer, scheduler, value head back; the saved ``extra``
+    start_reference(be, run_dir, src, ...)  # the backend's KL reference; RUN_DIR/reference once per run
     store_reference(ref, run_dir, src)  # RUN_DIR/reference once per run (a KL run); checkpoints name it
     reference_of(path, extra)           # where a checkpoint's reference is; refuses when it has none
     load_reference(ref_dir, like=model) # that reference, checked against the policy's parameters
@@ -223,6 +224,31 @@ def reference_of(path: str | Path, extra: dict[str, Any]) -> Path:
         f"RL started from: put it there as a Hugging Face model directory (the base model's when the run "
         f"had no SFT warm start), or start the run over"
     )
+
+
+def start_reference(be: Any, run_dir: Path, src: Path | None, *, model: str, like: torch.nn.Module,
+                    main: bool) -> Path:  # fmt: skip
+    """Give ``be`` its KL reference (full weights): the policy as it is now (a fresh run, ``src`` None) or
+    the stored reference ``src`` (a resumed run); rank 0 keeps it as ``RUN_DIR/reference``, returned.
+
+    A backend that cuts the reference from its own slices (``freeze_reference``: Megatron) does, so no
+    rank holds a full copy of the model; any other gets a full fp32 copy on every rank, which it places.
+    """
+    freeze = getattr(be, "freeze_reference", None)
+    if freeze is not None:
+        ref = freeze(src)  # a collective (every rank)
+    elif src is not None:
+        ref = load_reference(src, like=like)
+    else:
+        from agentrl.models import load_model, resolve
+
+        ref = load_model(resolve(model)).float()
+        ref.load_state_dict(be.state_dict(all_ranks=True))
+    if main:
+        store_reference(ref, run_dir, src)
+    if freeze is None:
+        be.set_reference(ref)
+    return Path(run_dir) / REFERENCE
 
 
 def load_reference(path: Path, like: torch.nn.Module) -> Any:

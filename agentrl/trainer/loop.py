@@ -40,13 +40,7 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.trainer.algorithm import train_step
 from agentrl.trainer.backend import FSDP2Backend
-from agentrl.trainer.checkpoint import (
-    REFERENCE,
-    adapter_reference,
-    load_reference,
-    reference_of,
-    store_reference,
-)
+from agentrl.trainer.checkpoint import adapter_reference, reference_of, start_reference
 from agentrl.trainer.colocate import colocate_metrics, engine_released
 from agentrl.trainer.config import TrainConfig, advisories, to_toml
 from agentrl.trainer.distributed import Ranks, init_distributed, shutdown_distributed
@@ -306,17 +300,9 @@ def _reference(run: _Run) -> None:
         run.reference = adapter_reference(run.be, run.run_dir, src, main=run.rt.ranks.main)
         return
     if src is not None:
-        ref = load_reference(src, like=run.rt.policy)
         run.console.print(f"KL reference: {src}")
-    else:
-        from agentrl.models import load_model, resolve
-
-        ref = load_model(resolve(run.cfg.model.model)).float()
-        ref.load_state_dict(run.be.state_dict(all_ranks=True))
-    run.reference = run.run_dir / REFERENCE
-    if run.rt.ranks.main:
-        store_reference(ref, run.run_dir, src)
-    run.be.set_reference(ref)
+    run.reference = start_reference(run.be, run.run_dir, src, model=run.cfg.model.model, like=run.rt.policy,
+                                    main=run.rt.ranks.main)  # fmt: skip
 
 
 def _open_store(run: _Run, start: int) -> None:

@@ -40,7 +40,7 @@ from torch import nn
 from agentrl.trainer.backend import Objective
 from agentrl.trainer.batch import TrainBatch, token_budget_microbatches
 from agentrl.trainer.config import AlgoConfig, OptimConfig
-from agentrl.trainer.errors import BackendError
+from agentrl.trainer.errors import BackendError, CheckpointError
 from agentrl.trainer.forward import ValueHead
 from agentrl.trainer.megatron import checkpoint, rows
 from agentrl.trainer.megatron.compat import apply_cpu_shims
@@ -48,7 +48,7 @@ from agentrl.trainer.megatron.convert import tp_split_dims
 from agentrl.trainer.megatron.model import Layout, build, layout, stage_forward
 from agentrl.trainer.megatron.schedule import Pipe, run
 from agentrl.trainer.megatron.vocab import vocab_parallel_scores
-from agentrl.trainer.megatron.weights import Groups, gather_hf, load_stage
+from agentrl.trainer.megatron.weights import Groups, SafetensorsWeights, gather_hf, load_stage
 from agentrl.trainer.offpolicy import mismatch_stats
 from agentrl.trainer.optimizer import Factory, make_optimizer
 from agentrl.trainer.precision import autocast, compute_dtype
@@ -419,6 +419,29 @@ class MegatronBackend:
         self.ref_model = self._stage(model if isinstance(model, Mapping) else _tensors(model)).eval()
         for p in self.ref_model.parameters():
             p.requires_grad_(False)
+
+    def freeze_reference(self, src: str | Path | None = None) -> checkpoint.HFDir | None:
+        """The KL reference without a full copy of the model on any rank: this rank's own slices of the
+        policy as they are now (a fresh run), or of the HF directory ``src``, read lazily (a resumed run).
+
+        A collective when ``src`` is None: it also gathers the policy once, and returns it on rank 0
+        as what ``RUN_DIR/reference`` stores (``save_pretrained``; its tensors may be the policy's own,
+        so store it before the next update); else None.
+        """
+        if src is not None:
+            try:
+                self.set_reference(SafetensorsWeights(src))
+            except BackendError as e:
+                raise CheckpointError(f"KL reference {str(src)!r}: {e}; it must be the policy this run started "
+                                      "RL from") from e  # fmt: skip
+            return None
+        ref = build(self.lay, pre_process=self.pipe.first, post_process=self.pipe.last).to(self.device)
+        ref.load_state_dict(self.model.state_dict())
+        self.ref_model = ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        full = self.state_dict()
+        return checkpoint.HFDir(self, full) if self.rank == 0 else None
 
     def set_reference_adapter(self, tensors: dict[str, torch.Tensor] | None) -> None:
         raise BackendError("--backend megatron does not train LoRA adapters yet; use --backend fsdp2")

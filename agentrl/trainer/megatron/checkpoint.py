@@ -29,16 +29,33 @@ from agentrl.trainer.errors import CheckpointError
 if TYPE_CHECKING:
     from agentrl.trainer.megatron.backend import MegatronBackend
 
-__all__ = ["load", "save"]
+__all__ = ["HFDir", "load", "save", "save_hf"]
 
 
 def _shard_file(path: Path, be: MegatronBackend) -> Path:
     return path / "megatron" / f"tp{be.g.tp_rank}_pp{be.g.pp_rank}.pt"
 
 
-def save(be: MegatronBackend, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+def save_hf(be: MegatronBackend, full: dict[str, torch.Tensor], path: str | Path) -> None:
+    """``full`` (:meth:`MegatronBackend.state_dict`'s, rank 0) as an HF model directory at ``path``."""
     from safetensors.torch import save_file
 
+    be.hf_config.save_pretrained(str(path))
+    tensors = {k: v.contiguous() for k, v in full.items() if not (be.lay.tied and k == "lm_head.weight")}
+    save_file(tensors, str(Path(path) / "model.safetensors"))
+
+
+class HFDir:
+    """Gathered weights that save like an HF model: what ``RUN_DIR/reference`` stores for a Megatron run."""
+
+    def __init__(self, be: MegatronBackend, full: dict[str, torch.Tensor]) -> None:
+        self.be, self.full = be, full
+
+    def save_pretrained(self, path: str, safe_serialization: bool = True) -> None:
+        save_hf(self.be, self.full, path)
+
+
+def save(be: MegatronBackend, path: str | Path, extra: dict[str, Any] | None = None) -> None:
     path = Path(path)
     full = be.state_dict()
     if be.g.dp_rank == 0:
@@ -49,10 +66,7 @@ def save(be: MegatronBackend, path: str | Path, extra: dict[str, Any] | None = N
         }
         torch.save(shard, _shard_file(path, be))
     if be.rank == 0:
-        be.hf_config.save_pretrained(str(path))
-        if be.lay.tied:
-            full.pop("lm_head.weight", None)
-        save_file({k: v.contiguous() for k, v in full.items()}, str(path / "model.safetensors"))
+        save_hf(be, full, path)
     if be.world > 1:
         dist.barrier()
     if be.rank != 0:

@@ -335,3 +335,40 @@ def test_a_backend_from_safetensors_read_lazily_equals_one_from_the_loaded_model
     assert lazy_policy(tmp_path) is None  # no safetensors here: the run loads the model whole
     with pytest.raises(BackendError, match="no model.safetensors"):
         SafetensorsWeights(tmp_path)
+
+
+def test_the_kl_reference_is_cut_from_the_policys_own_slices_and_reads_back_from_its_directory(
+    one_process, tmp_path
+):
+    """A fresh run's reference is this rank's copy of its own policy slices (no full model loaded), it
+    stores as an HF directory equal to the policy, and a resumed run's reference reads back from it;
+    a directory of another model is refused, naming the reference."""
+    from agentrl.models import load_model
+    from agentrl.trainer.algorithm import RLObjective
+    from agentrl.trainer.config import AlgoConfig, OptimConfig
+    from agentrl.trainer.errors import CheckpointError
+    from agentrl.trainer.megatron.backend import MegatronBackend
+
+    hf = _qwen3(tied=True)
+    batch = fixed_batch()
+    batch.input_ids.clamp_(max=60)
+    algo = AlgoConfig(kl_coef=0.1)
+    be = MegatronBackend(hf, algo, OptimConfig(micro_batch_tokens=40), objective=RLObjective(algo))
+    stored = be.freeze_reference()
+    assert stored is not None  # rank 0 of a world of one
+    stored.save_pretrained(str(tmp_path / "reference"))  # as the run does, before any update
+    back = load_model(tmp_path / "reference").float().state_dict()
+    for k, v in hf.state_dict().items():
+        assert torch.equal(back[k], v), k
+    want = be.logprobs(batch)
+    assert torch.equal(be.ref_logprobs(batch), want)
+    with torch.no_grad():  # the policy moves on; the reference does not
+        for p in be.model.parameters():
+            p.add_(0.01)
+    assert not torch.equal(be.logprobs(batch), want)
+    assert torch.equal(be.ref_logprobs(batch), want)
+    assert be.freeze_reference(tmp_path / "reference") is None  # a resumed run: read lazily
+    assert torch.equal(be.ref_logprobs(batch), want)
+    _llama().save_pretrained(tmp_path / "other", safe_serialization=True)
+    with pytest.raises(CheckpointError, match="KL reference .*other.* started RL from"):
+        be.freeze_reference(tmp_path / "other")
