@@ -2,6 +2,7 @@
 
     scripts/gpu-check.sh             # on a CUDA machine (about 5 minutes on one H100)
     scripts/gpu-check.sh --dry-run   # the same checks that a CPU can run, on the tiny real-vocabulary model
+    scripts/gpu-check.sh --only vllm,graphs   # some rows only (substrings of their names); the rest SKIP
 
 The model is built offline: Qwen's real 151,936-token vocabulary and chat template
 (``agentrl models build tiny-qwen3-realvocab``) on a Qwen3 of ``--hidden`` x ``--layers`` (random
@@ -43,6 +44,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 Row = tuple[str, str, float, str]  # (check, PASS/FAIL/SKIP/NOT BUILT, seconds, what it measured or why)
 EPISODES = 16  # a training step's episodes: --tasks-per-step 4 x --group-size 4
+ONLY: list[str] = []  # --only: the rows to run (substrings of their names); empty: all
+
+
+def _unselected(name: str) -> Row | None:
+    """A SKIP row for a check ``--only`` leaves out; None when it runs."""
+    if not ONLY or any(o.lower() in name.lower() for o in ONLY):
+        return None
+    return (name, "SKIP", 0.0, f"not selected (--only {','.join(ONLY)})")
 
 
 def _agentrl(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -83,6 +92,8 @@ def check_train(name: str, model: Path, device: str, work: Path, flags: list[str
                 extra: Callable[[list[dict[str, Any]]], str] | None = None) -> Row:  # fmt: skip
     """A short countdown run with ``flags``; PASS when it exits 0 with finite losses and an engine
     that samples what the trainer scores (mismatch below ``limit``)."""
+    if (skip := _unselected(name)) is not None:
+        return skip
     run = work / name.replace(" ", "-").replace(",", "")
     t0 = time.perf_counter()
     proc = _agentrl("train", "--env", "countdown", "--model", str(model), "--device", device,
@@ -108,6 +119,8 @@ def check_train(name: str, model: Path, device: str, work: Path, flags: list[str
 
 
 def check_mismatch(model: Path, device: str) -> Row:
+    if (skip := _unselected("logprob mismatch, bf16 vs fp32")) is not None:
+        return skip
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [PY, str(ROOT / "benchmarks" / "precision_mismatch.py"), "--model", str(model), "--device", device,
@@ -127,6 +140,8 @@ def check_cuda_graphs(model: Path, device: str) -> Row:
     against the dynamic layout (``benchmarks/static_kv.py``); FAIL if its greedy tokens differ from the
     eager static step's."""
     name = "embedded engine decode, CUDA graphs" if device == "cuda" else "embedded engine decode, static KV"
+    if (skip := _unselected(name)) is not None:
+        return skip
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [PY, str(ROOT / "benchmarks" / "static_kv.py"), "--model", str(model), "--device", device,
@@ -167,7 +182,10 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="no GPU: run what a CPU can, on the tiny model")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--only", default="", help="run only the rows whose names contain one of these "
+                    "comma-separated words (e.g. vllm,graphs); the others are listed as SKIP")  # fmt: skip
     args = ap.parse_args()
+    ONLY[:] = [o.strip() for o in args.only.split(",") if o.strip()]
     import torch
 
     cuda = torch.cuda.is_available()
