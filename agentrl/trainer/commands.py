@@ -77,7 +77,8 @@ def _sft(args: argparse.Namespace, start_parts: StartParts | None = None) -> int
     )
     t0 = time.perf_counter()
     try:
-        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, adapter=rt.policy)
+        sync = make_sync(cfg.run.weight_sync, rt.engine, run_dir, run=rt.loop.run, adapter=rt.policy,
+                         device=rt.device, colocate=cfg.model.colocate)  # fmt: skip
         try:
             before = evaluate(rt)
             with progress_bar(console, enabled=cfg.run.progress) as progress:
