@@ -1,6 +1,7 @@
 """The GPU check: agentrl's CUDA path on one GPU, no download, one table, non-zero exit on any failure.
 
-    scripts/gpu-check.sh             # on a CUDA machine (about 5 minutes on one H100)
+    scripts/gpu-check.sh             # on a CUDA machine (not timed yet; estimated 8-12 minutes on one
+                                     # H100, most of it three vLLM starts: split it with --only)
     scripts/gpu-check.sh --dry-run   # the same checks that a CPU can run, on the tiny real-vocabulary model
     scripts/gpu-check.sh --only vllm,graphs   # some rows only (substrings of their names); the rest SKIP
 
