@@ -48,7 +48,7 @@ SLEEP_LEVEL = 1
 def check_colocate(cfg: TrainConfig) -> None:
     """Refuse ``model.colocate`` with what it cannot share a GPU under (called by ``TrainConfig``)."""
     m, r = cfg.model, cfg.rollout
-    if cfg.run.weight_sync == "ipc" and not (m.colocate and not cfg.lora.enabled):
+    if cfg.run.weight_sync == "ipc" and (not m.colocate or cfg.lora.enabled):
         _fail("run", "weight_sync", "ipc", "hands the trainer's GPU memory to a vLLM on the same GPU: it needs "
               "--engine vllm --colocate, and full fine-tuning (a LoRA adapter goes as a PEFT directory: --weight-sync "
               "disk)")  # fmt: skip

@@ -97,8 +97,8 @@ class ModelConfig:
         if self.device not in ("cpu", "cuda", "auto"):
             _fail("model", "device", self.device, "use 'cpu', 'cuda' or 'auto'")
         if self.engine in ("auto", "hf") and self.engine_url:
-            _fail("model", "engine_url", self.engine_url, "the embedded engine (--engine hf) has no URL; "
-                  "say which server it is with --engine vllm or --engine sglang")  # fmt: skip
+            _fail("model", "engine_url", self.engine_url, f"--engine {self.engine} starts no server to reach "
+                  "there; say which server it is with --engine vllm or --engine sglang")  # fmt: skip
         if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
             _fail("model", "engine_url", self.engine_url, "use an http:// or https:// URL")
         if self.engine_startup_s <= 0:

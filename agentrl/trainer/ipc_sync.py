@@ -26,8 +26,9 @@ import torch
 
 from agentrl.engines.errors import UnsupportedWeightUpdateError
 from agentrl.engines.protocol import Engine
+from agentrl.engines.weights import dtype_name
 from agentrl.trainer.errors import WeightSyncError
-from agentrl.trainer.weight_sync import Runner, SyncResult, checked_version, target_version
+from agentrl.trainer.weight_sync import Runner, SyncResult, checked_version, state_nbytes, target_version
 
 __all__ = ["IpcSync", "ipc_handles"]
 
@@ -74,7 +75,7 @@ class IpcSync:
             got = self._run(
                 self.engine.update_weights_from_ipc(
                     names,
-                    [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
+                    [dtype_name(t.dtype) for t in tensors.values()],
                     [list(t.shape) for t in tensors.values()],
                     ipc_handles(tensors),
                     version=want,
@@ -89,8 +90,9 @@ class IpcSync:
         finally:
             del tensors
             torch.cuda.ipc_collect()  # the handles vLLM closed give their memory back to the allocator
-        nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())
-        return SyncResult(checked_version(self.engine, got, want, "ipc"), time.perf_counter() - t0, nbytes)
+        return SyncResult(
+            checked_version(self.engine, got, want, "ipc"), time.perf_counter() - t0, state_nbytes(state_dict)
+        )
 
     def close(self) -> None:
         """Nothing to release: the engine keeps no handle past an update."""

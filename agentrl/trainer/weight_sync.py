@@ -92,7 +92,8 @@ class WeightSync(Protocol):
     def close(self) -> None: ...
 
 
-def _nbytes(sd: Mapping[str, torch.Tensor]) -> int:
+def state_nbytes(sd: Mapping[str, torch.Tensor]) -> int:
+    """The bytes of a state dict's tensors (a push's ``SyncResult.bytes``)."""
     return sum(t.numel() * t.element_size() for t in sd.values())
 
 
@@ -130,9 +131,9 @@ class InProcessSync:
             )
         except Exception as e:  # noqa: BLE001 - any engine failure leaves the old weights
             raise WeightSyncError(f"in-process weight sync to version {want} failed: {e}") from e
-        full = base_nbytes(self.adapter) + _nbytes(state_dict) if self.adapter is not None else 0
+        full = base_nbytes(self.adapter) + state_nbytes(state_dict) if self.adapter is not None else 0
         return SyncResult(checked_version(self.engine, got, want, "in-process"), time.perf_counter() - t0,
-                          _nbytes(state_dict), full_bytes=full)  # fmt: skip
+                          state_nbytes(state_dict), full_bytes=full)  # fmt: skip
 
     def close(self) -> None:
         pass
@@ -190,8 +191,8 @@ class DiskSync:
         stale = sorted(self.root.glob("v*"), key=lambda p: int(p.name[1:]))[: -self.keep]
         for old in stale if self.ranks.main else []:
             shutil.rmtree(old, ignore_errors=True)
-        full = base_nbytes(self.adapter) + _nbytes(tensors) if self.adapter is not None else 0
-        return SyncResult(checked_version(self.engine, got, want, "disk"), time.perf_counter() - t0, _nbytes(tensors),
+        full = base_nbytes(self.adapter) + state_nbytes(tensors) if self.adapter is not None else 0
+        return SyncResult(checked_version(self.engine, got, want, "disk"), time.perf_counter() - t0, state_nbytes(tensors),
                           full_bytes=full)  # fmt: skip
 
     def close(self) -> None:
@@ -300,7 +301,7 @@ class BroadcastSync:
         return SyncResult(
             checked_version(self.engine, got, want, "broadcast"),
             time.perf_counter() - t0,
-            _nbytes(state_dict),
+            state_nbytes(state_dict),
             len(buckets),
         )
 
